@@ -1,0 +1,40 @@
+# The README's two commands: `make train` and `make test`. Both set up first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+NP ?= 2
+FRAMEWORK ?= torch
+TORCH_VERSION := 2.13.0
+TENSORFLOW_VERSION := 2.21.0
+# With an NVIDIA GPU: CUDA builds of both frameworks (torch's default wheel on PyPI is one).
+ifneq ($(shell command -v nvidia-smi),)
+TENSORFLOW := tensorflow[and-cuda]==$(TENSORFLOW_VERSION)
+else
+TENSORFLOW := tensorflow-cpu==$(TENSORFLOW_VERSION)
+endif
+
+.PHONY: setup train test lint clean
+
+setup: $(VENV)/.setup-done
+
+$(VENV)/.setup-done: pyproject.toml scripts/build-horovod.sh scripts/horovod-0.28.1.patch
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel packaging
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) "$(TENSORFLOW)"
+	$(PY) -m pip install --quiet --editable . --group dev
+	PYTHON=$(PY) scripts/build-horovod.sh
+	touch $@
+
+train: setup
+	$(VENV)/bin/horovodrun -np $(NP) $(PY) -m hvd_train --recipe mnist_cnn --framework $(FRAMEWORK)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

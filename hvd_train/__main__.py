@@ -1,0 +1,3 @@
+from hvd_train.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""Framework adapters by name; each is imported only when chosen, so no process loads both
+Horovod bindings and the package imports with neither framework installed."""
+
+from __future__ import annotations
+
+import importlib
+
+from hvd_train.adapters.base import Adapter, Arrays
+from hvd_train.errors import UsageError
+
+ADAPTERS = {
+    "torch": "hvd_train.adapters.torch:TorchAdapter",
+}
+
+
+def create_adapter(name: str) -> Adapter:
+    module_name, class_name = ADAPTERS[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(
+            f"--framework {name} is not available here ({error}); run `make setup`, or install "
+            f"the framework and then scripts/build-horovod.sh"
+        ) from None
+    adapter: Adapter = getattr(module, class_name)()
+    return adapter
+
+
+__all__ = ["ADAPTERS", "Adapter", "Arrays", "create_adapter"]

@@ -1,0 +1,83 @@
+"""The interface every framework adapter implements; the training loop sees only this."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hvd_train.recipe import Recipe
+
+Arrays = dict[str, np.ndarray]
+
+
+class Adapter(ABC):
+    """One framework under Horovod: device, model, wrapped optimizer, collectives.
+
+    Weights cross the interface in the framework-neutral layout: names `layer<i>.kernel` and
+    `layer<i>.bias`, where i is the layer's index in the recipe; conv kernels as (height, width,
+    in, out), dense kernels as (in, out), with flatten in channels-last order.
+    """
+
+    name: ClassVar[str]
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_size: int = 1
+
+    @abstractmethod
+    def init(self) -> None:
+        """Initialises Horovod and pins this process to its GPU or its share of CPU threads."""
+
+    @abstractmethod
+    def build(self, recipe: Recipe, seed: int) -> None:
+        """Creates the model and the Horovod-wrapped optimizer described by `recipe`."""
+
+    @abstractmethod
+    def broadcast_state(self, include_optimizer: bool) -> None:
+        """Makes every rank hold rank 0's weights (and optimizer state, if asked)."""
+
+    @abstractmethod
+    def train_step(self, images: np.ndarray, labels: np.ndarray, learning_rate: float) -> float:
+        """One forward/backward pass with gradients averaged across ranks; the local loss."""
+
+    @abstractmethod
+    def eval_sums(self, images: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+        """Summed loss and number of correct predictions over one local batch."""
+
+    @abstractmethod
+    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
+        """Element-wise sum of `values` over all ranks."""
+
+    @abstractmethod
+    def broadcast_object(self, value: Any) -> Any:
+        """Rank 0's `value`, on every rank."""
+
+    @abstractmethod
+    def weights(self) -> Arrays:
+        """The model's weights in the framework-neutral layout."""
+
+    @abstractmethod
+    def load_weights(self, weights: Arrays) -> None:
+        """Loads weights in the framework-neutral layout."""
+
+    @abstractmethod
+    def optimizer_state(self) -> Arrays:
+        """The optimizer's state, in this framework's own layout."""
+
+    @abstractmethod
+    def load_optimizer_state(self, state: Arrays) -> None:
+        """Restores what `optimizer_state` returned."""
+
+    @property
+    def is_rank_zero(self) -> bool:
+        return self.rank == 0
+
+    def allreduce_mean(self, values: np.ndarray) -> np.ndarray:
+        return self.allreduce_sum(values) / self.world_size
+
+    def threads_per_rank(self) -> int:
+        """This process's share of the CPU cores, so ranks on one host do not oversubscribe it."""
+        return max(1, len(os.sched_getaffinity(0)) // self.local_size)

@@ -1,0 +1,129 @@
+"""Command line: `hvd-train [train] ...`, the same as `python -m hvd_train [train] ...`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from hvd_train import __version__
+from hvd_train.adapters import ADAPTERS
+from hvd_train.errors import UsageError
+from hvd_train.recipe import load_recipe
+
+COMMANDS = ("train",)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"hvd-train: error: {message}; see `hvd-train --help`\n")
+
+
+def positive(kind: type) -> argparse._ActionType:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="hvd-train",
+        description="Data-parallel training with Horovod from one recipe, under PyTorch or "
+        "TensorFlow. Run alone, or under `horovodrun -np N` for N processes.",
+    )
+    parser.add_argument("--version", action="version", version=f"hvd_train {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="{train}", parser_class=Parser)
+    train = commands.add_parser("train", help="train a recipe (the default command)")
+    train.add_argument(
+        "--recipe", default="mnist_cnn",
+        help="a packaged recipe by name (mnist_cnn) or a path to a recipe .toml (default: %(default)s)",
+    )
+    train.add_argument(
+        "--framework", choices=sorted(ADAPTERS), default="torch",
+        help="the framework to train with (default: %(default)s)",
+    )
+    train.add_argument("--epochs", type=positive(int), help="override the recipe's epochs")
+    train.add_argument(
+        "--batch-size", type=positive(int),
+        help="override the recipe's per-rank batch size (the global batch is this x world size)",
+    )
+    train.add_argument(
+        "--lr", type=positive(float),
+        help="override the recipe's one-process learning rate (scaled with the world size)",
+    )
+    train.add_argument(
+        "--seed", type=int, default=42,
+        help="seed for weights and data order, the same on every rank (default: %(default)s)",
+    )
+    train.add_argument(
+        "--data-dir", type=Path, default=os.environ.get("HVD_TRAIN_DATA_DIR"),
+        help="folder holding the four MNIST files (default: $HVD_TRAIN_DATA_DIR, else the cache, "
+        "filled on first use)",
+    )
+    train.add_argument(
+        "--output-dir", type=Path,
+        help="where checkpoints/, metrics.jsonl and summary.json go "
+        "(default: runs/<recipe>-<framework>-<time>)",
+    )
+    train.add_argument(
+        "--resume", action="store_true",
+        help="continue the run in --output-dir from its newest checkpoint",
+    )
+    train.add_argument(
+        "--limit-steps", type=positive(int),
+        help="train at most this many steps per epoch (quick smoke runs; default: all)",
+    )
+    train.add_argument(
+        "--log-every", type=positive(int), default=50,
+        help="average the loss across ranks and log it every this many steps (default: %(default)s)",
+    )
+    train.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
+    return parser
+
+
+def run_train(args: argparse.Namespace) -> None:
+    from hvd_train.trainer import RunOptions, train
+
+    recipe = load_recipe(args.recipe).with_overrides(args.epochs, args.batch_size, args.lr)
+    if args.resume and args.output_dir is None:
+        raise UsageError("--resume needs --output-dir, the folder of the run to continue")
+    output_dir = args.output_dir or Path(
+        "runs", f"{recipe.name}-{args.framework}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    train(
+        RunOptions(
+            recipe=recipe,
+            framework=args.framework,
+            seed=args.seed,
+            data_dir=args.data_dir,
+            output_dir=output_dir,
+            resume=args.resume,
+            log_every=args.log_every,
+            limit_steps=args.limit_steps,
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in (*COMMANDS, "-h", "--help", "--version"):
+        argv.insert(0, "train")
+    args = build_parser().parse_args(argv)
+    try:
+        run_train(args)
+    except UsageError as error:
+        if args.debug:
+            raise
+        print(f"hvd-train: error: {error}", file=sys.stderr)
+        return 2
+    return 0

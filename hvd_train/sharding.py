@@ -1,0 +1,43 @@
+"""Which samples each rank sees: disjoint shards, equal step counts, exact evaluation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hvd_train.errors import UsageError
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:
+    """The epoch's shuffled sample order; every rank computes the same one from (seed, epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+
+
+def steps_per_epoch(num_samples: int, world_size: int, batch_size: int) -> int:
+    """Training steps per epoch, the same on every rank so none waits in a collective."""
+    steps = math.ceil(math.ceil(num_samples / world_size) / batch_size)
+    if num_samples // world_size < steps:
+        raise UsageError(
+            f"{num_samples} samples cannot fill {steps} steps on each of {world_size} ranks; "
+            "raise --batch-size or use fewer processes"
+        )
+    return steps
+
+
+def shard_batches(
+    order: np.ndarray, rank: int, world_size: int, batch_size: int
+) -> list[np.ndarray]:
+    """This rank's batches of sample indices for one epoch.
+
+    Rank r takes every world_size-th sample of `order` starting at r, so the shards are disjoint
+    and cover every sample. Shards differ in length by at most one; splitting each into the same
+    number of near-equal batches (none larger than `batch_size`) keeps step counts equal.
+    """
+    shard = order[rank::world_size]
+    return np.array_split(shard, steps_per_epoch(len(order), world_size, batch_size))
+
+
+def eval_indices(num_samples: int, rank: int, world_size: int) -> np.ndarray:
+    """This rank's contiguous slice of the test set: every image is counted exactly once."""
+    return np.array_split(np.arange(num_samples), world_size)[rank]

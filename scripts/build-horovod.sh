@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Builds Horovod 0.28.1 from its PyPI sdist for the torch and TensorFlow installed in $PYTHON's
+# environment, caches the wheel outside the clone, installs it and checks the build.
+#
+# Why a patched sdist: 0.28.1 (June 2023) is Horovod's last release. It asks for C++14, which
+# torch >= 2.1 refuses, and compiles XLA ops whose headers TensorFlow 2.21's wheel does not
+# ship. horovod-0.28.1.patch beside this script fixes both (see the README).
+#
+# Parts: PyTorch, TensorFlow and Gloo always; MPI when mpicxx is on PATH; NCCL when nvcc is.
+# Environment: PYTHON (default: python3), HVD_TRAIN_CACHE (default: ~/.cache/hvd_train).
+set -euo pipefail
+
+HOROVOD_VERSION=0.28.1
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+patch_file="$here/horovod-$HOROVOD_VERSION.patch"
+python="${PYTHON:-python3}"
+cache="${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}"
+
+say() { echo "[build-horovod] $*"; }
+die() { echo "[build-horovod] error: $*" >&2; exit 1; }
+
+command -v "$python" >/dev/null || die "no Python at '$python'; set PYTHON to the interpreter of your environment"
+command -v c++ >/dev/null || die "no C++ compiler; install one (Debian: apt-get install g++)"
+command -v cmake >/dev/null || die "no cmake; install it (Debian: apt-get install cmake, or pip install cmake)"
+command -v patch >/dev/null || die "no patch tool; install it (Debian: apt-get install patch)"
+
+framework_version() {
+    "$python" -c "import $1; print($1.__version__)" 2>/dev/null \
+        || die "$1 is not installed for $python; install the frameworks first (make setup does)"
+}
+py_version="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+torch_version="$(framework_version torch)"
+tf_version="$(framework_version tensorflow)"
+
+build_env=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1)
+features=gloo
+if command -v mpicxx >/dev/null; then
+    build_env+=(HOROVOD_WITH_MPI=1)
+    features+=-mpi
+else
+    build_env+=(HOROVOD_WITHOUT_MPI=1)
+fi
+if command -v nvcc >/dev/null && "$python" -c 'import sys, torch; sys.exit(not torch.version.cuda)'; then
+    build_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
+    features+=-nccl
+fi
+patch_hash="$(sha256sum "$patch_file" | cut -c1-8)"
+key="horovod-$HOROVOD_VERSION-py$py_version-torch$torch_version-tf$tf_version-$features-$patch_hash"
+wheel_dir="$cache/wheels/$key"
+say "build key: $key"
+
+if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
+    say "no cached wheel; building Horovod $HOROVOD_VERSION (several minutes)"
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+    "$python" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" \
+        || die "could not download the horovod $HOROVOD_VERSION sdist from the package index"
+    tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+    src="$work/horovod-$HOROVOD_VERSION"
+    say "patching: C++17 for torch >= 2.1, no XLA ops for TensorFlow >= 2.21"
+    patch --quiet -p1 -d "$src" < "$patch_file" || die "$patch_file does not apply to the sdist"
+    say "compiling with ${build_env[*]}"
+    env "${build_env[@]}" MAKEFLAGS="-j$(nproc)" \
+        "$python" -m pip wheel --no-build-isolation --no-deps "$src" -w "$work/dist" > "$work/build.log" 2>&1 \
+        || { tail -n 40 "$work/build.log" >&2; die "the Horovod build failed (log above)"; }
+    mkdir -p "$(dirname "$wheel_dir")"
+    mv "$work/dist" "$wheel_dir.partial.$$" && mv "$wheel_dir.partial.$$" "$wheel_dir"
+    say "cached $(ls "$wheel_dir")"
+fi
+
+say "installing $(ls "$wheel_dir")"
+"$python" -m pip install --quiet --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl
+"$python" -m pip install --quiet cloudpickle psutil pyyaml cffi packaging
+
+bin="$(dirname "$("$python" -c 'import sys; print(sys.executable)')")"
+check="$("$bin/horovodrun" --check-build)"
+echo "$check"
+for part in PyTorch TensorFlow Gloo; do
+    grep -q "\[X\] $part" <<< "$check" || die "Horovod was built without $part; see the messages above"
+done
+say "ok"

