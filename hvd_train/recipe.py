@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hvd_train.errors import UsageError
 
@@ -118,12 +118,12 @@ class _Table:
             if default is None:
                 raise self.fail(key, "missing; add it to the recipe")
             return default
-        value = self.data[key]
+        value: Any = self.data[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        if type(value) is not kind:
             raise self.fail(key, f"expected {kind.__name__}, got {value!r}")
-        if minimum is not None and value < minimum:
+        if minimum is not None and cast(float, value) < minimum:
             raise self.fail(key, f"{value!r} is out of range; it must be at least {minimum}")
         return value
 
@@ -180,11 +180,17 @@ def parse_recipe(text: str, name: str, source: str) -> Recipe:
     except tomllib.TOMLDecodeError as error:
         raise UsageError(f"{source}: not valid TOML ({error}); fix the syntax") from None
     data, model = root.table("data"), root.table("model")
-    optimizer, schedule, horovod = root.table("optimizer"), root.table("schedule"), root.table("horovod")
+    optimizer, schedule, horovod = (
+        root.table("optimizer"),
+        root.table("schedule"),
+        root.table("horovod"),
+    )
     root.get("description", str, "")
     shape = data.get("input_shape", list)
     if len(shape) != 3 or not all(isinstance(x, int) and x > 0 for x in shape):
-        raise data.fail("input_shape", "expected [height, width, channels], three positive integers")
+        raise data.fail(
+            "input_shape", "expected [height, width, channels], three positive integers"
+        )
     recipe = Recipe(
         name=name,
         source=source,

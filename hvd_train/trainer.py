@@ -54,7 +54,7 @@ def on_rank_zero(adapter: Adapter, action: Callable[[], T]) -> T:
     result, message = adapter.broadcast_object(outcome)
     if message is not None:
         raise UsageError(message)
-    return result  # type: ignore[return-value]
+    return result
 
 
 def prepare_output_dir(output_dir: Path, resume: bool) -> None:
@@ -144,13 +144,18 @@ class Trainer:
             unit="step",
             disable=not adapter.is_rank_zero,
             leave=False,
+            mininterval=0.5,
         )
         window, epoch_total = [], 0.0
         for index, batch in enumerate(bar):
             step = epoch * self.steps + index
             learning_rate = self.schedule(step)
             started = time.perf_counter()
-            window.append(adapter.train_step(data.train_images[batch], data.train_labels[batch], learning_rate))
+            window.append(
+                adapter.train_step(
+                    data.train_images[batch], data.train_labels[batch], learning_rate
+                )
+            )
             self.step_seconds += time.perf_counter() - started
             self.images_trained += len(batch) * adapter.world_size
             if len(window) == self.options.log_every or index == len(batches) - 1:
@@ -159,8 +164,13 @@ class Trainer:
                 window = []
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{learning_rate:.2e}")
                 self.log(
-                    {"kind": "train", "epoch": epoch + 1, "step": step + 1, "loss": loss,
-                     "learning_rate": learning_rate}
+                    {
+                        "kind": "train",
+                        "epoch": epoch + 1,
+                        "step": step + 1,
+                        "loss": loss,
+                        "learning_rate": learning_rate,
+                    }
                 )
         return epoch_total / len(batches)
 
@@ -171,7 +181,9 @@ class Trainer:
         loss_sum, correct = 0.0, 0
         for start in range(0, len(mine), EVAL_BATCH_SIZE):
             batch = mine[start : start + EVAL_BATCH_SIZE]
-            batch_loss, batch_correct = adapter.eval_sums(data.test_images[batch], data.test_labels[batch])
+            batch_loss, batch_correct = adapter.eval_sums(
+                data.test_images[batch], data.test_labels[batch]
+            )
             loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
         totals = adapter.allreduce_sum(np.array([loss_sum, correct, len(mine)]))
         return float(totals[0] / totals[2]), float(totals[1] / totals[2])
@@ -183,8 +195,11 @@ class Trainer:
             "seed": self.options.seed,
             "world_size": self.adapter.world_size,
             "global_batch_size": self.recipe.schedule.batch_size * self.adapter.world_size,
-            "learning_rate": {"base": self.schedule.base, "peak": self.schedule.peak,
-                              "scaling": self.recipe.schedule.lr_scaling},
+            "learning_rate": {
+                "base": self.schedule.base,
+                "peak": self.schedule.peak,
+                "scaling": self.recipe.schedule.lr_scaling,
+            },
             "recipe": self.recipe.name,
             "architecture": self.recipe.architecture_hash(),
             "framework": self.adapter.name,
@@ -199,8 +214,15 @@ class Trainer:
             epoch_started = time.perf_counter()
             train_loss = self.run_epoch(epoch)
             test_loss, accuracy = self.evaluate()
-            self.log({"kind": "eval", "epoch": epoch + 1, "step": (epoch + 1) * self.steps,
-                      "test_loss": test_loss, "test_accuracy": accuracy})
+            self.log(
+                {
+                    "kind": "eval",
+                    "epoch": epoch + 1,
+                    "step": (epoch + 1) * self.steps,
+                    "test_loss": test_loss,
+                    "test_accuracy": accuracy,
+                }
+            )
             if adapter.is_rank_zero:
                 save_checkpoint(
                     self.options.output_dir / "checkpoints",

@@ -1,11 +1,13 @@
-
 import numpy as np
 import pytest
 
 from hvd_train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hvd_train.errors import UsageError
 
-WEIGHTS = {"layer0.kernel": np.arange(12, dtype=np.float32).reshape(2, 2, 1, 3), "layer0.bias": np.ones(3, np.float32)}
+WEIGHTS = {
+    "layer0.kernel": np.arange(12, dtype=np.float32).reshape(2, 2, 1, 3),
+    "layer0.bias": np.ones(3, np.float32),
+}
 OPTIMIZER = {"0.exp_avg": np.full((3,), 0.5, np.float32)}
 
 

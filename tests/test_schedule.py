@@ -13,7 +13,9 @@ def test_scaling_rules():
 
 
 def schedule(decay: str, warmup: float = 1.0) -> LearningRateSchedule:
-    config = ScheduleConfig(epochs=4, batch_size=64, lr_scaling="linear", warmup_epochs=warmup, decay=decay)
+    config = ScheduleConfig(
+        epochs=4, batch_size=64, lr_scaling="linear", warmup_epochs=warmup, decay=decay
+    )
     return LearningRateSchedule.from_recipe(config, base=0.001, world_size=2, steps_per_epoch=100)
 
 

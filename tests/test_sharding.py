@@ -5,7 +5,10 @@ from hvd_train.errors import UsageError
 from hvd_train.sharding import epoch_order, eval_indices, shard_batches, steps_per_epoch
 
 
-@pytest.mark.parametrize(("samples", "world", "batch"), [(60000, 2, 64), (60000, 3, 64), (1001, 4, 10), (10, 3, 2), (7, 2, 3)])
+@pytest.mark.parametrize(
+    ("samples", "world", "batch"),
+    [(60000, 2, 64), (60000, 3, 64), (1001, 4, 10), (10, 3, 2), (7, 2, 3)],
+)
 def test_shards_are_disjoint_cover_everything_and_take_equal_steps(samples, world, batch):
     order = epoch_order(samples, seed=1, epoch=0)
     per_rank = [shard_batches(order, rank, world, batch) for rank in range(world)]

@@ -57,7 +57,6 @@ def build_model(recipe: Recipe) -> nn.Sequential:
     return nn.Sequential(OrderedDict(modules))
 
 
-
 def to_neutral(name: str, tensor: torch.Tensor) -> tuple[str, np.ndarray]:
     """('3.weight', conv weight (out, in, h, w)) -> ('layer3.kernel', (h, w, in, out))."""
     index, kind = name.split(".")
@@ -72,8 +71,9 @@ def from_neutral(name: str, array: np.ndarray) -> tuple[str, torch.Tensor]:
     layer, kind = name.split(".")
     if kind == "kernel":
         array = array.transpose(3, 2, 0, 1) if array.ndim == 4 else array.T
-    return f"{layer.removeprefix('layer')}.{'weight' if kind == 'kernel' else 'bias'}", torch.from_numpy(
-        np.ascontiguousarray(array)
+    return (
+        f"{layer.removeprefix('layer')}.{'weight' if kind == 'kernel' else 'bias'}",
+        torch.from_numpy(np.ascontiguousarray(array)),
     )
 
 
@@ -97,7 +97,9 @@ class TorchAdapter(Adapter):
         self.clip_norm = recipe.optimizer.gradient_clip_norm
         self.passes_per_step = recipe.horovod.backward_passes_per_step
         self.passes = 0
-        compression = hvd.Compression.fp16 if recipe.horovod.fp16_compression else hvd.Compression.none
+        compression = (
+            hvd.Compression.fp16 if recipe.horovod.fp16_compression else hvd.Compression.none
+        )
         self.optimizer = hvd.DistributedOptimizer(
             _optimizer(recipe, self.model.parameters()),
             named_parameters=self.model.named_parameters(),
@@ -192,4 +194,3 @@ def _optimizer(recipe: Recipe, parameters: Any) -> torch.optim.Optimizer:
     if config.name == "adam":
         return torch.optim.Adam(parameters, lr=lr, weight_decay=config.weight_decay)
     return torch.optim.AdamW(parameters, lr=lr, weight_decay=config.weight_decay)
-

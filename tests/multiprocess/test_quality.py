@@ -1,0 +1,20 @@
+"""The quality bar: the recipe's defaults under `horovodrun -np 2` reach 99% on real MNIST."""
+
+import json
+
+import pytest
+
+from tests.multiprocess.conftest import horovodrun
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+
+@pytest.mark.parametrize("framework", [pytest.param("torch", marks=pytest.mark.torch)])
+def test_recipe_defaults_reach_99_percent(framework, mnist_dir, tmp_path):
+    horovodrun(
+        "cli_per_rank.py", str(tmp_path), "--framework", framework, "--data-dir", str(mnist_dir)
+    )
+    summary = json.loads((tmp_path / "rank0" / "summary.json").read_text())
+    print(f"{framework}: {summary}")
+    assert summary["epochs"] == 4 and summary["world_size"] == 2
+    assert summary["test_accuracy"] >= 0.99

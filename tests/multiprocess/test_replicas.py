@@ -1,0 +1,65 @@
+"""Under the real `horovodrun -np 2`: rank 0's weights reach every rank, and training on
+different data per rank keeps the replicas identical because gradients are averaged."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.multiprocess.conftest import alone, horovodrun
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
+FRAMEWORKS = [pytest.param("torch", marks=pytest.mark.torch)]
+MNIST_CNN = Path(__file__).resolve().parents[2] / "recipes" / "mnist_cnn.toml"
+
+
+def load(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as archive:
+        return dict(archive)
+
+
+def assert_same(a: dict, b: dict, atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=atol, rtol=0, err_msg=name)
+
+
+def differ(a: dict, b: dict) -> bool:
+    return any(not np.array_equal(a[name], b[name]) for name in a)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_broadcast_then_steps_on_different_data_keep_replicas_identical(
+    framework, mnist_dir, tmp_path
+):
+    horovodrun("worker.py", framework, "mnist_cnn", str(mnist_dir), str(tmp_path), "5")
+    init = [load(tmp_path / f"init-2-{rank}.npz") for rank in range(2)]
+    broadcast = [load(tmp_path / f"broadcast-2-{rank}.npz") for rank in range(2)]
+    trained = [load(tmp_path / f"trained-2-{rank}.npz") for rank in range(2)]
+    optimizer = [load(tmp_path / f"optimizer-2-{rank}.npz") for rank in range(2)]
+    assert differ(init[0], init[1]), "ranks should start from different weights"
+    assert_same(broadcast[0], init[0])
+    assert_same(broadcast[1], init[0])
+    assert differ(trained[0], broadcast[0]), "five steps should change the weights"
+    assert_same(trained[0], trained[1])
+    assert optimizer[0] and optimizer[0].keys() == optimizer[1].keys()
+    assert_same(optimizer[0], optimizer[1])
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_two_ranks_take_the_step_one_process_takes_on_both_batches(framework, mnist_dir, tmp_path):
+    # Plain SGD, no dropout: one step on two ranks with 32 images each must equal one step of a
+    # single process on the 64 images, if and only if the gradients are averaged.
+    recipe = tmp_path / "sgd.toml"
+    text = MNIST_CNN.read_text().replace('name = "adam"', 'name = "sgd"')
+    recipe.write_text(
+        text.replace("rate = 0.5", "rate = 0.0").replace("batch_size = 64", "batch_size = 32")
+    )
+    horovodrun("worker.py", framework, str(recipe), str(mnist_dir), str(tmp_path), "1")
+    alone("worker.py", framework, str(recipe), str(mnist_dir), str(tmp_path), "1")
+    start = load(tmp_path / "broadcast-1-0.npz")
+    assert_same(load(tmp_path / "broadcast-2-0.npz"), start)
+    reference = load(tmp_path / "trained-1-0.npz")
+    assert differ(reference, start)
+    for rank in range(2):
+        assert_same(load(tmp_path / f"trained-2-{rank}.npz"), reference, atol=1e-6)
