@@ -4,6 +4,7 @@
         model.safetensors      weights in the framework-neutral layout (see adapters/base.py)
         optimizer.safetensors  optimizer state in the writing framework's layout
         state.json             epoch, step, seed, world size, recipe, framework, ...
+        recipe.toml            the recipe the model was built from
 
 A checkpoint is first written under a temporary name and renamed when complete, so a crash
 never leaves a half-written `epoch-*` directory behind.
@@ -24,7 +25,8 @@ from safetensors.numpy import load_file, save_file
 from hvd_train.adapters.base import Arrays
 from hvd_train.errors import UsageError
 
-MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.safetensors", "optimizer.safetensors", "state.json"
+MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.safetensors"
+STATE_FILE, RECIPE_FILE = "state.json", "recipe.toml"
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class Checkpoint:
     weights: Arrays
     optimizer: Arrays
     state: dict[str, Any]
+    recipe_text: str
 
 
 def checkpoint_name(epoch: int) -> str:
@@ -48,7 +51,12 @@ def _fsync(path: Path) -> None:
 
 
 def save_checkpoint(
-    directory: Path, epoch: int, weights: Arrays, optimizer: Arrays, state: dict[str, Any]
+    directory: Path,
+    epoch: int,
+    weights: Arrays,
+    optimizer: Arrays,
+    state: dict[str, Any],
+    recipe_text: str,
 ) -> Path:
     """Writes `directory/epoch-NNNN` atomically and returns its path."""
     final = directory / checkpoint_name(epoch)
@@ -58,7 +66,8 @@ def save_checkpoint(
         save_file(weights, partial / MODEL_FILE)
         save_file(optimizer, partial / OPTIMIZER_FILE)
         (partial / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-        for name in (MODEL_FILE, OPTIMIZER_FILE, STATE_FILE):
+        (partial / RECIPE_FILE).write_text(recipe_text)
+        for name in (MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, RECIPE_FILE):
             _fsync(partial / name)
         partial.rename(final)
         _fsync(directory)
@@ -74,6 +83,19 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def resolve_checkpoint(path: Path) -> Path:
+    """`path` itself if it is a checkpoint, else the newest checkpoint of the run it names."""
+    if (path / STATE_FILE).is_file():
+        return path
+    latest = latest_checkpoint(path / "checkpoints")
+    if latest is None:
+        raise UsageError(
+            f"{path} is neither a checkpoint nor a run directory holding one; "
+            "pass checkpoints/epoch-NNNN of a run, or its --output-dir"
+        )
+    return latest
+
+
 def load_checkpoint(path: Path) -> Checkpoint:
     """Reads a checkpoint directory; a missing or unreadable part is a UsageError."""
     try:
@@ -82,6 +104,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
             weights=load_file(path / MODEL_FILE),
             optimizer=load_file(path / OPTIMIZER_FILE),
             state=json.loads((path / STATE_FILE).read_text()),
+            recipe_text=(path / RECIPE_FILE).read_text(),
         )
     except (OSError, SafetensorError, json.JSONDecodeError) as error:
         raise UsageError(

@@ -1,8 +1,9 @@
-"""Command line: `hvd-train [train] ...`, the same as `python -m hvd_train [train] ...`."""
+"""Command line: `hvd-train [train|eval] ...`, the same as `python -m hvd_train ...`."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -14,7 +15,7 @@ from hvd_train.adapters import ADAPTERS
 from hvd_train.errors import UsageError
 from hvd_train.recipe import load_recipe
 
-COMMANDS = ("train",)
+COMMANDS = ("train", "eval")
 
 
 class Parser(argparse.ArgumentParser):
@@ -44,18 +45,29 @@ def build_parser() -> argparse.ArgumentParser:
         "TensorFlow. Run alone, or under `horovodrun -np N` for N processes.",
     )
     parser.add_argument("--version", action="version", version=f"hvd_train {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{train}", parser_class=Parser)
-    train = commands.add_parser("train", help="train a recipe (the default command)")
+    shared = Parser(add_help=False)
+    shared.add_argument(
+        "--framework",
+        choices=sorted(ADAPTERS),
+        default="torch",
+        help="the framework to run under (default: %(default)s)",
+    )
+    shared.add_argument(
+        "--data-dir",
+        type=Path,
+        default=os.environ.get("HVD_TRAIN_DATA_DIR"),
+        help="folder holding the four MNIST files (default: $HVD_TRAIN_DATA_DIR, else the cache, "
+        "filled on first use)",
+    )
+    shared.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
+    commands = parser.add_subparsers(dest="command", metavar="{train,eval}", parser_class=Parser)
+    train = commands.add_parser(
+        "train", parents=[shared], help="train a recipe (the default command)"
+    )
     train.add_argument(
         "--recipe",
         default="mnist_cnn",
         help="a packaged recipe by name or a path to a recipe .toml (default: %(default)s)",
-    )
-    train.add_argument(
-        "--framework",
-        choices=sorted(ADAPTERS),
-        default="torch",
-        help="the framework to train with (default: %(default)s)",
     )
     train.add_argument("--epochs", type=positive(int), help="override the recipe's epochs")
     train.add_argument(
@@ -73,13 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=42,
         help="seed for weights and data order, the same on every rank (default: %(default)s)",
-    )
-    train.add_argument(
-        "--data-dir",
-        type=Path,
-        default=os.environ.get("HVD_TRAIN_DATA_DIR"),
-        help="folder holding the four MNIST files (default: $HVD_TRAIN_DATA_DIR, else the cache, "
-        "filled on first use)",
     )
     train.add_argument(
         "--output-dir",
@@ -103,7 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=50,
         help="log the loss, averaged across ranks, every this many steps (default: %(default)s)",
     )
-    train.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
+    evaluate = commands.add_parser(
+        "eval", parents=[shared], help="evaluate a checkpoint written by either framework"
+    )
+    evaluate.add_argument(
+        "--checkpoint",
+        type=Path,
+        required=True,
+        help="a checkpoint (runs/.../checkpoints/epoch-NNNN) or a run directory (its newest)",
+    )
+    evaluate.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of a sentence"
+    )
     return parser
 
 
@@ -130,13 +146,28 @@ def run_train(args: argparse.Namespace) -> None:
     )
 
 
+def run_eval(args: argparse.Namespace) -> None:
+    from hvd_train.evaluation import evaluate_checkpoint
+
+    result = evaluate_checkpoint(args.checkpoint, args.framework, args.data_dir)
+    if result is None:  # not rank 0
+        return
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"{result['checkpoint']} ({result['written_by']}) under {result['framework']}: "
+            f"test accuracy {result['test_accuracy']:.2%}, test loss {result['test_loss']:.4f}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in (*COMMANDS, "-h", "--help", "--version"):
         argv.insert(0, "train")
     args = build_parser().parse_args(argv)
     try:
-        run_train(args)
+        (run_eval if args.command == "eval" else run_train)(args)
     except UsageError as error:
         if args.debug:
             raise

@@ -68,6 +68,7 @@ class HorovodConfig:
 class Recipe:
     name: str
     source: str
+    text: str  # the TOML it was read from, stored with checkpoints
     dataset: str
     input_shape: tuple[int, int, int]  # height, width, channels
     num_classes: int
@@ -93,10 +94,19 @@ class Recipe:
 
     def architecture_hash(self) -> str:
         """A short hash of what decides the shapes of the weights."""
-        text = json.dumps(
-            [self.input_shape, self.num_classes, [dataclasses.asdict(x) for x in self.layers]]
-        )
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return _short_hash([self.input_shape, self.num_classes, self.layers])
+
+    def recipe_hash(self) -> str:
+        """A short hash of every setting, overrides included."""
+        settings = dataclasses.asdict(self)
+        for key in ("name", "source", "text"):
+            del settings[key]
+        return _short_hash(settings)
+
+
+def _short_hash(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=dataclasses.asdict)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class _Table:
@@ -173,6 +183,35 @@ def _layers(model: _Table) -> tuple[Layer, ...]:
     return layers
 
 
+def _check_shapes(
+    model: _Table, layers: tuple[Layer, ...], shape: tuple[int, int, int], num_classes: int
+) -> None:
+    """Follows the input through the layers, so a layer that cannot fit fails here, not later."""
+    height, width, flat = shape[0], shape[1], False
+    for index, layer in enumerate(layers):
+        where = f"layers[{index}]"
+        if layer.type in ("conv2d", "maxpool2d") and flat:
+            raise model.fail(where, f"{layer.type} needs an image, but it follows flatten or dense")
+        if layer.type == "conv2d":
+            height -= layer.params["kernel_size"] - 1
+            width -= layer.params["kernel_size"] - 1
+        elif layer.type == "maxpool2d":
+            height //= layer.params["pool_size"]
+            width //= layer.params["pool_size"]
+        elif layer.type in ("flatten", "dense"):
+            if layer.type == "dense" and not flat:
+                raise model.fail(where, "dense needs a flat input; add a flatten layer before it")
+            flat = True
+        if height < 1 or width < 1:
+            raise model.fail(where, f"{layer.type} does not fit its input; make it smaller")
+    if layers[-2].type != "dense" or layers[-2].params["units"] != num_classes:
+        raise model.fail(
+            "layers",
+            f"must end with a dense layer of {num_classes} units (the "
+            "number of classes) and softmax",
+        )
+
+
 def parse_recipe(text: str, name: str, source: str) -> Recipe:
     """Validates recipe TOML `text` read from `source`; raises UsageError on any problem."""
     try:
@@ -194,6 +233,7 @@ def parse_recipe(text: str, name: str, source: str) -> Recipe:
     recipe = Recipe(
         name=name,
         source=source,
+        text=text,
         dataset=data.choice("dataset", DATASETS),
         input_shape=(shape[0], shape[1], shape[2]),
         num_classes=data.positive("num_classes", int),
@@ -220,6 +260,7 @@ def parse_recipe(text: str, name: str, source: str) -> Recipe:
     )
     for table in (root, data, model, optimizer, schedule, horovod):
         table.finish()
+    _check_shapes(model, recipe.layers, recipe.input_shape, recipe.num_classes)
     return recipe
 
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -21,13 +20,11 @@ from hvd_train import __version__
 from hvd_train.adapters import Adapter, create_adapter
 from hvd_train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hvd_train.errors import UsageError
+from hvd_train.evaluation import evaluate
 from hvd_train.mnist import Mnist, load_mnist
 from hvd_train.recipe import Recipe
 from hvd_train.schedule import LearningRateSchedule
-from hvd_train.sharding import epoch_order, eval_indices, shard_batches, steps_per_epoch
-
-EVAL_BATCH_SIZE = 1000
-T = TypeVar("T")
+from hvd_train.sharding import epoch_order, shard_batches, steps_per_epoch
 
 
 @dataclass(frozen=True)
@@ -40,21 +37,6 @@ class RunOptions:
     resume: bool
     log_every: int
     limit_steps: int | None = None  # cap on steps per epoch, for smoke runs
-
-
-def on_rank_zero(adapter: Adapter, action: Callable[[], T]) -> T:
-    """Runs `action` on rank 0 and hands its result, or its UsageError, to every rank, so a
-    mistake found on rank 0 stops all ranks at once instead of leaving them in a collective."""
-    outcome: tuple[T | None, str | None] = (None, None)
-    if adapter.is_rank_zero:
-        try:
-            outcome = (action(), None)
-        except UsageError as error:
-            outcome = (None, str(error))
-    result, message = adapter.broadcast_object(outcome)
-    if message is not None:
-        raise UsageError(message)
-    return result
 
 
 def prepare_output_dir(output_dir: Path, resume: bool) -> None:
@@ -174,20 +156,6 @@ class Trainer:
                 )
         return epoch_total / len(batches)
 
-    def evaluate(self) -> tuple[float, float]:
-        """Test loss and accuracy over the whole test set, each image counted once."""
-        adapter, data = self.adapter, self.data
-        mine = eval_indices(len(data.test_labels), adapter.rank, adapter.world_size)
-        loss_sum, correct = 0.0, 0
-        for start in range(0, len(mine), EVAL_BATCH_SIZE):
-            batch = mine[start : start + EVAL_BATCH_SIZE]
-            batch_loss, batch_correct = adapter.eval_sums(
-                data.test_images[batch], data.test_labels[batch]
-            )
-            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
-        totals = adapter.allreduce_sum(np.array([loss_sum, correct, len(mine)]))
-        return float(totals[0] / totals[2]), float(totals[1] / totals[2])
-
     def training_state(self, epoch: int) -> dict[str, Any]:
         return {
             "epoch": epoch,
@@ -201,6 +169,7 @@ class Trainer:
                 "scaling": self.recipe.schedule.lr_scaling,
             },
             "recipe": self.recipe.name,
+            "recipe_hash": self.recipe.recipe_hash(),
             "architecture": self.recipe.architecture_hash(),
             "framework": self.adapter.name,
             "hvd_train_version": __version__,
@@ -213,7 +182,7 @@ class Trainer:
         for epoch in range(start_epoch, recipe.schedule.epochs):
             epoch_started = time.perf_counter()
             train_loss = self.run_epoch(epoch)
-            test_loss, accuracy = self.evaluate()
+            test_loss, accuracy = evaluate(adapter, self.data)
             self.log(
                 {
                     "kind": "eval",
@@ -230,6 +199,7 @@ class Trainer:
                     adapter.weights(),
                     adapter.optimizer_state(),
                     self.training_state(epoch + 1),
+                    recipe.text,
                 )
                 tqdm.write(
                     f"epoch {epoch + 1}/{recipe.schedule.epochs}: train loss {train_loss:.4f}, "
@@ -256,10 +226,10 @@ def train(options: RunOptions) -> dict[str, Any]:
     """Runs one training job on this rank; the summary (written by rank 0)."""
     adapter = create_adapter(options.framework)
     adapter.init()
-    on_rank_zero(adapter, lambda: prepare_output_dir(options.output_dir, options.resume))
+    adapter.on_rank_zero(lambda: prepare_output_dir(options.output_dir, options.resume))
     data = load_mnist(options.data_dir)
     adapter.build(options.recipe, options.seed)
-    start_epoch = on_rank_zero(adapter, lambda: restore(adapter, options)) if options.resume else 0
+    start_epoch = adapter.on_rank_zero(lambda: restore(adapter, options)) if options.resume else 0
     adapter.broadcast_state(include_optimizer=start_epoch > 0)
     summary = Trainer(adapter, data, options).fit(start_epoch)
     if adapter.is_rank_zero:

@@ -1,9 +1,15 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Framework-neutral tests run once per framework by parametrising over these.
+FRAMEWORKS = [
+    pytest.param("torch", marks=pytest.mark.torch),
+    pytest.param("tensorflow", marks=pytest.mark.tensorflow),
+]
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +21,10 @@ def mnist_dir() -> Path:
     from hvd_train.mnist import fetch_into_cache
 
     return fetch_into_cache()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pytest_loads_no_horovod_binding():
+    """Adapters run in subprocesses only: pytest itself must never hold a Horovod binding."""
+    yield
+    assert not {"horovod.torch", "horovod.tensorflow"} & set(sys.modules)

@@ -6,6 +6,8 @@ import sys
 import pytest
 
 from hvd_train.checkpoint import save_checkpoint
+from hvd_train.recipe import load_recipe
+from tests.conftest import FRAMEWORKS
 
 
 def run(*arguments: str, cwd=None) -> subprocess.CompletedProcess:
@@ -62,38 +64,67 @@ def test_recipe_syntax_error_names_the_file(tmp_path):
     assert_usage_error(run("--recipe", str(bad)), f"{bad}: not valid TOML")
 
 
-@pytest.mark.torch
-def test_missing_data_dir(tmp_path):
-    result = run("--data-dir", str(tmp_path / "nowhere"), "--output-dir", str(tmp_path / "out"))
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_missing_data_dir(framework, tmp_path):
+    result = run(
+        "--framework", framework, "--data-dir", str(tmp_path / "nowhere"),
+        "--output-dir", str(tmp_path / "out"),
+    )  # fmt: skip
     assert_usage_error(result, "nowhere does not exist; fix --data-dir or HVD_TRAIN_DATA_DIR")
 
 
-@pytest.mark.torch
-def test_unwritable_output_dir(tmp_path, mnist_dir):
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_unwritable_output_dir(framework, tmp_path, mnist_dir):
     (tmp_path / "file").write_text("")
-    result = run("--data-dir", str(mnist_dir), "--output-dir", str(tmp_path / "file" / "run"))
+    result = run(
+        "--framework", framework, "--data-dir", str(mnist_dir),
+        "--output-dir", str(tmp_path / "file" / "run"),
+    )  # fmt: skip
     assert_usage_error(result, "cannot write to output directory")
 
 
-@pytest.mark.torch
-def test_resume_with_nothing_to_resume(tmp_path, mnist_dir):
-    result = run("--data-dir", str(mnist_dir), "--output-dir", str(tmp_path), "--resume")
-    assert_usage_error(result, "nothing to resume")
+def train_in(tmp_path, mnist_dir, framework: str, *extra: str) -> subprocess.CompletedProcess:
+    return run(
+        "--framework", framework, "--data-dir", str(mnist_dir), "--output-dir", str(tmp_path),
+        *extra,
+    )  # fmt: skip
 
 
-@pytest.mark.torch
-def test_a_new_run_never_overwrites_saved_checkpoints(tmp_path, mnist_dir):
-    saved = save_checkpoint(tmp_path / "checkpoints", 3, {}, {}, {"epoch": 3})
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_resume_with_nothing_to_resume(framework, tmp_path, mnist_dir):
+    assert_usage_error(train_in(tmp_path, mnist_dir, framework, "--resume"), "nothing to resume")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_new_run_never_overwrites_saved_checkpoints(framework, tmp_path, mnist_dir):
+    saved = save_checkpoint(tmp_path / "checkpoints", 3, {}, {}, {"epoch": 3}, "")
     before = {p.name: p.read_bytes() for p in saved.iterdir()}
-    result = run("--data-dir", str(mnist_dir), "--output-dir", str(tmp_path))
+    result = train_in(tmp_path, mnist_dir, framework)
     assert_usage_error(result, "already holds checkpoints; pass --resume")
     assert {p.name: p.read_bytes() for p in saved.iterdir()} == before
 
 
-@pytest.mark.torch
-def test_checkpoint_of_another_architecture_is_refused(tmp_path, mnist_dir):
-    save_checkpoint(
-        tmp_path / "checkpoints", 1, {}, {}, {"epoch": 1, "recipe": "other", "architecture": "x"}
-    )
-    result = run("--data-dir", str(mnist_dir), "--output-dir", str(tmp_path), "--resume")
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_checkpoint_of_another_architecture_is_refused(framework, tmp_path, mnist_dir):
+    state = {"epoch": 1, "recipe": "other", "architecture": "x", "framework": framework}
+    save_checkpoint(tmp_path / "checkpoints", 1, {}, {}, state, "")
+    result = train_in(tmp_path, mnist_dir, framework, "--resume")
     assert_usage_error(result, "was written for another model (recipe 'other')")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_resume_from_the_other_framework_is_refused(framework, tmp_path, mnist_dir):
+    other = "tensorflow" if framework == "torch" else "torch"
+    architecture = load_recipe("mnist_cnn").architecture_hash()
+    state = {"epoch": 1, "recipe": "mnist_cnn", "architecture": architecture, "framework": other}
+    save_checkpoint(tmp_path / "checkpoints", 1, {}, {}, state, "")
+    result = train_in(tmp_path, mnist_dir, framework, "--resume")
+    assert_usage_error(result, f"was written by {other}; resume it with --framework {other}")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_eval_of_a_missing_checkpoint(framework, tmp_path):
+    result = run("eval", "--framework", framework, "--checkpoint", str(tmp_path / "none"))
+    assert_usage_error(result, "none does not exist; check --checkpoint")
+    result = run("eval", "--framework", framework, "--checkpoint", str(tmp_path))
+    assert_usage_error(result, "is neither a checkpoint nor a run directory holding one")

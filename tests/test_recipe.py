@@ -70,6 +70,13 @@ def test_architecture_hash_follows_layers_only():
         ('decay = "cosine"', 'decay = "cosine"\ndecya = 1', "schedule.decya: unknown key"),
         ("filters = 32,", "filters = 32, strides = 2,", "model.layers[0].strides: unknown key"),
         ('{ type = "softmax" },', "", "model.layers: must end with a softmax layer"),
+        ("units = 10 }", "units = 7 }", "model.layers: must end with a dense layer of 10 units"),
+        (
+            "kernel_size = 5 }",
+            "kernel_size = 29 }",
+            "model.layers[0]: conv2d does not fit its input",
+        ),
+        ('{ type = "flatten" },', "", "model.layers[6]: dense needs a flat input; add a flatten"),
         (
             "input_shape = [28, 28, 1]",
             "input_shape = [28, 28]",

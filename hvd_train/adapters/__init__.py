@@ -4,17 +4,24 @@ Horovod bindings and the package imports with neither framework installed."""
 from __future__ import annotations
 
 import importlib
+import sys
 
 from hvd_train.adapters.base import Adapter, Arrays
 from hvd_train.errors import UsageError
 
 ADAPTERS = {
     "torch": "hvd_train.adapters.torch:TorchAdapter",
+    "tensorflow": "hvd_train.adapters.tensorflow:TensorFlowAdapter",
 }
+# Each binding loads its own copy of Horovod's core; two in one process are known to crash.
+BINDINGS = {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
 
 
 def create_adapter(name: str) -> Adapter:
     module_name, class_name = ADAPTERS[name].split(":")
+    for other, binding in BINDINGS.items():
+        if other != name and binding in sys.modules:
+            raise RuntimeError(f"{binding} is loaded already: one Horovod binding per process")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:

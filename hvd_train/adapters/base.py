@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
+
+T = TypeVar("T")
 
 Arrays = dict[str, np.ndarray]
 
@@ -44,8 +48,8 @@ class Adapter(ABC):
         """One forward/backward pass with gradients averaged across ranks; the local loss."""
 
     @abstractmethod
-    def eval_sums(self, images: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
-        """Summed loss and number of correct predictions over one local batch."""
+    def logits(self, images: np.ndarray) -> np.ndarray:
+        """The model's outputs before the final softmax, in inference mode."""
 
     @abstractmethod
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
@@ -74,6 +78,28 @@ class Adapter(ABC):
     @property
     def is_rank_zero(self) -> bool:
         return self.rank == 0
+
+    def on_rank_zero(self, action: Callable[[], T]) -> T:
+        """Runs `action` on rank 0 and hands its result, or its UsageError, to every rank, so a
+        mistake found on rank 0 stops all ranks at once instead of leaving them in a collective."""
+        outcome: tuple[T | None, str | None] = (None, None)
+        if self.is_rank_zero:
+            try:
+                outcome = (action(), None)
+            except UsageError as error:
+                outcome = (None, str(error))
+        result, message = self.broadcast_object(outcome)
+        if message is not None:
+            raise UsageError(message)
+        return result
+
+    def eval_sums(self, images: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+        """Summed cross-entropy and number of correct predictions over one local batch."""
+        logits = self.logits(images).astype(np.float64)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        loss = -log_probabilities[np.arange(len(labels)), labels].sum()
+        return float(loss), int((logits.argmax(axis=1) == labels).sum())
 
     def allreduce_mean(self, values: np.ndarray) -> np.ndarray:
         return self.allreduce_sum(values) / self.world_size

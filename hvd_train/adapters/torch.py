@@ -22,13 +22,6 @@ class ChannelsLastFlatten(nn.Module):
         return (x.permute(0, 2, 3, 1) if x.dim() == 4 else x).flatten(1)
 
 
-_SIMPLE = {
-    "relu": lambda layer: nn.ReLU(),
-    "dropout": lambda layer: nn.Dropout(layer.params["rate"]),
-    "flatten": lambda layer: ChannelsLastFlatten(),
-}
-
-
 def build_model(recipe: Recipe) -> nn.Sequential:
     """The recipe's layers, named by their index in the recipe; the final softmax is left to
     the loss (cross-entropy on logits is the numerically stable form)."""
@@ -36,24 +29,27 @@ def build_model(recipe: Recipe) -> nn.Sequential:
     features = channels * height * width
     modules: dict[str, nn.Module] = {}
     for index, layer in enumerate(recipe.layers[:-1]):
-        module: nn.Module
-        if layer.type == "conv2d":
-            module = nn.Conv2d(channels, layer.params["filters"], layer.params["kernel_size"])
-            channels = layer.params["filters"]
-            height -= layer.params["kernel_size"] - 1
-            width -= layer.params["kernel_size"] - 1
-        elif layer.type == "maxpool2d":
-            module = nn.MaxPool2d(layer.params["pool_size"])
-            height //= layer.params["pool_size"]
-            width //= layer.params["pool_size"]
-        elif layer.type == "dense":
-            module = nn.Linear(features, layer.params["units"])
-            features = layer.params["units"]
-        else:
-            module = _SIMPLE[layer.type](layer)
-        if layer.type == "flatten":
-            features = channels * height * width
-        modules[str(index)] = module
+        params = layer.params
+        match layer.type:
+            case "conv2d":
+                modules[str(index)] = nn.Conv2d(channels, params["filters"], params["kernel_size"])
+                channels = params["filters"]
+                height -= params["kernel_size"] - 1
+                width -= params["kernel_size"] - 1
+            case "maxpool2d":
+                modules[str(index)] = nn.MaxPool2d(params["pool_size"])
+                height //= params["pool_size"]
+                width //= params["pool_size"]
+            case "flatten":
+                modules[str(index)] = ChannelsLastFlatten()
+                features = channels * height * width
+            case "dense":
+                modules[str(index)] = nn.Linear(features, params["units"])
+                features = params["units"]
+            case "dropout":
+                modules[str(index)] = nn.Dropout(params["rate"])
+            case "relu":
+                modules[str(index)] = nn.ReLU()
     return nn.Sequential(OrderedDict(modules))
 
 
@@ -63,7 +59,7 @@ def to_neutral(name: str, tensor: torch.Tensor) -> tuple[str, np.ndarray]:
     array = tensor.detach().cpu().numpy()
     if kind == "weight":
         array = array.transpose(2, 3, 1, 0) if array.ndim == 4 else array.T
-    return f"layer{index}.{'kernel' if kind == 'weight' else 'bias'}", np.ascontiguousarray(array)
+    return f"layer{index}.{'kernel' if kind == 'weight' else 'bias'}", array.copy(order="C")
 
 
 def from_neutral(name: str, array: np.ndarray) -> tuple[str, torch.Tensor]:
@@ -144,13 +140,9 @@ class TorchAdapter(Adapter):
             self.optimizer.step()
 
     @torch.no_grad()
-    def eval_sums(self, images: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+    def logits(self, images: np.ndarray) -> np.ndarray:
         self.model.eval()
-        logits = self.model(self._inputs(images))
-        targets = torch.from_numpy(labels).to(self.device)
-        loss = F.cross_entropy(logits, targets, reduction="sum")
-        correct = (logits.argmax(dim=1) == targets).sum()
-        return float(loss.item()), int(correct.item())
+        return self.model(self._inputs(images)).cpu().numpy()
 
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         tensor = torch.from_numpy(np.asarray(values, dtype=np.float64))
@@ -170,7 +162,7 @@ class TorchAdapter(Adapter):
         """Each parameter's state tensors, keyed `<param index>.<name>` (`0.exp_avg`, ...)."""
         state = self.optimizer.state_dict()["state"]
         return {
-            f"{index}.{key}": value.detach().cpu().numpy()
+            f"{index}.{key}": value.detach().cpu().numpy().copy()
             for index, entries in state.items()
             for key, value in entries.items()
         }

@@ -1,5 +1,7 @@
+import functools
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -7,11 +9,12 @@ import pytest
 HERE = Path(__file__).resolve().parent
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 TIMEOUT = 600
+STEPS = 60  # per epoch and rank in the short runs: enough to learn, quick to run
 
 
-def horovodrun(script: str, *arguments: str, np: int = 2) -> subprocess.CompletedProcess:
-    """`horovodrun -np N python tests/multiprocess/SCRIPT ARGS`, with a hard timeout."""
-    command = [str(HOROVODRUN), "-np", str(np), sys.executable, str(HERE / script), *arguments]
+def horovodrun(*arguments: str, np: int = 2) -> subprocess.CompletedProcess:
+    """`horovodrun -np N python ARGUMENTS...` with a hard timeout; fails the test unless 0."""
+    command = [str(HOROVODRUN), "-np", str(np), sys.executable, *arguments]
     result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
     if result.returncode != 0:
         pytest.fail(
@@ -20,7 +23,30 @@ def horovodrun(script: str, *arguments: str, np: int = 2) -> subprocess.Complete
     return result
 
 
-def alone(script: str, *arguments: str) -> subprocess.CompletedProcess:
-    """The same script as a single process, without horovodrun (world size 1)."""
-    command = [sys.executable, str(HERE / script), *arguments]
+def script(name: str) -> str:
+    return str(HERE / name)
+
+
+def alone(*arguments: str) -> subprocess.CompletedProcess:
+    """`python ARGUMENTS...` as a single process, without horovodrun (world size 1)."""
+    command = [sys.executable, *arguments]
     return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, check=True)
+
+
+@pytest.fixture(scope="session")
+def short_run(mnist_dir, tmp_path_factory) -> Callable[[str], tuple[Path, list[str], str]]:
+    """One epoch of STEPS steps under `horovodrun -np 2`, once per framework per session.
+
+    Each rank gets its own --output-dir (BASE/rank<r>) so tests can see who wrote what.
+    Returns BASE, the CLI arguments used and the combined output.
+    """
+
+    @functools.cache
+    def run(framework: str) -> tuple[Path, list[str], str]:
+        base = tmp_path_factory.mktemp(f"short-{framework}")
+        arguments = ["--framework", framework, "--data-dir", str(mnist_dir), "--epochs", "1",
+                     "--limit-steps", str(STEPS), "--log-every", "20"]  # fmt: skip
+        result = horovodrun(script("cli_per_rank.py"), str(base), *arguments)
+        return base, arguments, result.stdout + result.stderr
+
+    return run

@@ -4,15 +4,21 @@ import json
 
 import pytest
 
-from tests.multiprocess.conftest import horovodrun
+from tests.conftest import FRAMEWORKS
+from tests.multiprocess.conftest import horovodrun, script
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
-@pytest.mark.parametrize("framework", [pytest.param("torch", marks=pytest.mark.torch)])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_recipe_defaults_reach_99_percent(framework, mnist_dir, tmp_path):
     horovodrun(
-        "cli_per_rank.py", str(tmp_path), "--framework", framework, "--data-dir", str(mnist_dir)
+        script("cli_per_rank.py"),
+        str(tmp_path),
+        "--framework",
+        framework,
+        "--data-dir",
+        str(mnist_dir),
     )
     summary = json.loads((tmp_path / "rank0" / "summary.json").read_text())
     print(f"{framework}: {summary}")

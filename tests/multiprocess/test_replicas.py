@@ -6,10 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.multiprocess.conftest import alone, horovodrun
+from tests.conftest import FRAMEWORKS
+from tests.multiprocess.conftest import alone, horovodrun, script
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
-FRAMEWORKS = [pytest.param("torch", marks=pytest.mark.torch)]
+
 MNIST_CNN = Path(__file__).resolve().parents[2] / "recipes" / "mnist_cnn.toml"
 
 
@@ -28,11 +29,30 @@ def differ(a: dict, b: dict) -> bool:
     return any(not np.array_equal(a[name], b[name]) for name in a)
 
 
+def with_options(tmp_path: Path) -> str:
+    """mnist_cnn with every gradient option on: fp16 allreduce, two backward passes per step,
+    clipping, and AdamW's weight decay."""
+    text = MNIST_CNN.read_text().replace('name = "adam"', 'name = "adamw"')
+    for old, new in [
+        ("weight_decay = 0.0", "weight_decay = 0.01"),
+        ("gradient_clip_norm = 0.0", "gradient_clip_norm = 0.5"),
+        ("fp16_compression = false", "fp16_compression = true"),
+        ("backward_passes_per_step = 1", "backward_passes_per_step = 2"),
+    ]:
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "options.toml"
+    path.write_text(text)
+    return str(path)
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("options", [False, True], ids=["defaults", "all-options"])
 def test_broadcast_then_steps_on_different_data_keep_replicas_identical(
-    framework, mnist_dir, tmp_path
+    framework, options, mnist_dir, tmp_path
 ):
-    horovodrun("worker.py", framework, "mnist_cnn", str(mnist_dir), str(tmp_path), "5")
+    recipe = with_options(tmp_path) if options else "mnist_cnn"
+    horovodrun(script("worker.py"), framework, recipe, str(mnist_dir), str(tmp_path), "6")
     init = [load(tmp_path / f"init-2-{rank}.npz") for rank in range(2)]
     broadcast = [load(tmp_path / f"broadcast-2-{rank}.npz") for rank in range(2)]
     trained = [load(tmp_path / f"trained-2-{rank}.npz") for rank in range(2)]
@@ -55,8 +75,8 @@ def test_two_ranks_take_the_step_one_process_takes_on_both_batches(framework, mn
     recipe.write_text(
         text.replace("rate = 0.5", "rate = 0.0").replace("batch_size = 64", "batch_size = 32")
     )
-    horovodrun("worker.py", framework, str(recipe), str(mnist_dir), str(tmp_path), "1")
-    alone("worker.py", framework, str(recipe), str(mnist_dir), str(tmp_path), "1")
+    horovodrun(script("worker.py"), framework, str(recipe), str(mnist_dir), str(tmp_path), "1")
+    alone(script("worker.py"), framework, str(recipe), str(mnist_dir), str(tmp_path), "1")
     start = load(tmp_path / "broadcast-1-0.npz")
     assert_same(load(tmp_path / "broadcast-2-0.npz"), start)
     reference = load(tmp_path / "trained-1-0.npz")

@@ -1,38 +1,24 @@
 """The CLI under the real `horovodrun -np 2`: what is written, by whom, and that it learns."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.multiprocess.conftest import horovodrun
+from tests.conftest import FRAMEWORKS
+from tests.multiprocess.conftest import STEPS, horovodrun, script
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
-STEPS = 60  # per epoch, per rank: enough to learn, quick to run
 
 
 def read_metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module", params=[pytest.param("torch", marks=pytest.mark.torch)])
-def first_run(request, mnist_dir, tmp_path_factory):
-    """One epoch of STEPS steps; each rank is given its own --output-dir."""
-    base = tmp_path_factory.mktemp(request.param)
-    arguments = [
-        "--framework",
-        request.param,
-        "--data-dir",
-        str(mnist_dir),
-        "--epochs",
-        "1",
-        "--limit-steps",
-        str(STEPS),
-        "--log-every",
-        "20",
-    ]
-    result = horovodrun("cli_per_rank.py", str(base), *arguments)
-    return request.param, base, arguments, result
+@pytest.fixture(params=FRAMEWORKS)
+def first_run(request, short_run):
+    return request.param, *short_run(request.param)
 
 
 def test_only_rank_zero_writes(first_run):
@@ -64,25 +50,26 @@ def test_short_run_learns_far_above_chance(first_run):
 
 
 def test_progress_and_log_lines_come_from_rank_zero_only(first_run):
-    _, _, _, result = first_run
-    output = result.stdout + result.stderr
+    _, _, _, output = first_run
     assert "[0]<stdout>:epoch 1/1: train loss" in output
     assert "[0]<stderr>:epoch 1/1:" in output  # the progress bar
-    assert "[1]<stderr>:" not in output and "[1]<stdout>:" not in output
+    # TensorFlow prints its own banner on import in every process; hvd_train says nothing there.
+    rank_one = [line for line in output.splitlines() if line.startswith("[1]<")]
+    assert not [line for line in rank_one if "epoch" in line or "hvd-train" in line]
 
 
-def test_resume_continues_from_the_saved_epoch(first_run):
+def test_resume_continues_from_the_saved_epoch(first_run, tmp_path):
     _, base, arguments, _ = first_run
-    first_loss = read_metrics(base / "rank0")[0]["loss"]
-    result = horovodrun("cli_per_rank.py", str(base), *arguments, "--epochs", "2", "--resume")
-    assert f"resuming from {base}/rank0/checkpoints/epoch-0001" in result.stdout
-    metrics = read_metrics(base / "rank0")
+    shutil.copytree(base / "rank0", tmp_path / "rank0")  # the shared run stays as it was
+    first_loss = read_metrics(tmp_path / "rank0")[0]["loss"]
+    resume = [*arguments, "--epochs", "2", "--resume"]
+    output = horovodrun(script("cli_per_rank.py"), str(tmp_path), *resume).stdout
+    assert f"resuming from {tmp_path}/rank0/checkpoints/epoch-0001" in output
+    metrics = read_metrics(tmp_path / "rank0")
     epoch_two = [m for m in metrics if m["epoch"] == 2]
     assert [m["step"] for m in epoch_two] == [80, 100, 120, 120]
     # Restored weights start far better than the fresh model's first steps.
     assert epoch_two[0]["loss"] < first_loss / 2
-    assert sorted(p.name for p in (base / "rank0" / "checkpoints").iterdir()) == [
-        "epoch-0001",
-        "epoch-0002",
-    ]
-    assert json.loads((base / "rank0" / "summary.json").read_text())["epochs"] == 2
+    checkpoints = sorted(p.name for p in (tmp_path / "rank0" / "checkpoints").iterdir())
+    assert checkpoints == ["epoch-0001", "epoch-0002"]
+    assert json.loads((tmp_path / "rank0" / "summary.json").read_text())["epochs"] == 2

@@ -1,0 +1,51 @@
+"""One Horovod binding per process: the package loads no framework until an adapter is chosen,
+and an adapter refuses to load beside the other framework's binding."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import FRAMEWORKS
+
+BINDINGS = {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
+
+
+def python(code: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-c", code]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def test_the_package_imports_no_framework():
+    code = (
+        "import sys, hvd_train.cli, hvd_train.trainer, hvd_train.evaluation\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'tensorflow', 'keras', "
+        "'horovod'}))"
+    )
+    assert python(code).stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_training_process_loads_only_its_own_binding(framework, mnist_dir, tmp_path):
+    arguments = ["--framework", framework, "--data-dir", str(mnist_dir), "--epochs", "1",
+                 "--limit-steps", "2", "--output-dir", str(tmp_path)]  # fmt: skip
+    code = (
+        "import sys\nfrom hvd_train.cli import main\n"
+        f"assert main({arguments!r}) == 0\n"
+        f"print(sorted(m for m in sys.modules if m in {set(BINDINGS.values())!r}))"
+    )
+    result = python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == repr([BINDINGS[framework]])
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_an_adapter_refuses_to_load_beside_the_other_binding(framework):
+    other = "tensorflow" if framework == "torch" else "torch"
+    code = (
+        f"import {BINDINGS[other]}\nfrom hvd_train.adapters import create_adapter\n"
+        f"create_adapter({framework!r})"
+    )
+    result = python(code)
+    assert result.returncode != 0
+    assert f"RuntimeError: {BINDINGS[other]} is loaded already" in result.stderr
