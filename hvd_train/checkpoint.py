@@ -1,20 +1,23 @@
-"""Checkpoints: one directory per epoch, written on rank 0 only and atomically.
+"""Checkpoints: one directory per save, written on rank 0 only, atomically, with checksums.
 
-    checkpoints/epoch-0003/
+    checkpoints/step-00000938/
         model.safetensors      weights in the framework-neutral layout (see adapters/base.py)
         optimizer.safetensors  optimizer state in the writing framework's layout
-        state.json             epoch, step, seed, world size, recipe, framework, ...
         recipe.toml            the recipe the model was built from
+        state.json             position (epoch, step), seed, world size, recipe, framework,
+                               and the SHA-256 of each file above
 
-A checkpoint is first written under a temporary name and renamed when complete, so a crash
-never leaves a half-written `epoch-*` directory behind.
+A checkpoint is written under a temporary name, flushed, and renamed when complete, so a crash
+never leaves a half-written `step-*` directory. A file damaged later fails its checksum.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ from hvd_train.errors import UsageError
 
 MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.safetensors"
 STATE_FILE, RECIPE_FILE = "state.json", "recipe.toml"
+CHECKSUMMED = (MODEL_FILE, OPTIMIZER_FILE, RECIPE_FILE)
 
 
 @dataclass(frozen=True)
@@ -38,8 +42,8 @@ class Checkpoint:
     recipe_text: str
 
 
-def checkpoint_name(epoch: int) -> str:
-    return f"epoch-{epoch:04d}"
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _fsync(path: Path) -> None:
@@ -52,61 +56,80 @@ def _fsync(path: Path) -> None:
 
 def save_checkpoint(
     directory: Path,
-    epoch: int,
+    global_step: int,
     weights: Arrays,
     optimizer: Arrays,
     state: dict[str, Any],
     recipe_text: str,
+    keep: int,
 ) -> Path:
-    """Writes `directory/epoch-NNNN` atomically and returns its path."""
-    final = directory / checkpoint_name(epoch)
+    """Writes `directory/step-NNNNNNNN` atomically, then keeps only the newest `keep`."""
+    final = directory / f"step-{global_step:08d}"
     partial = directory / f".{final.name}.partial-{os.getpid()}"
     partial.mkdir(parents=True)
     try:
         save_file(weights, partial / MODEL_FILE)
         save_file(optimizer, partial / OPTIMIZER_FILE)
-        (partial / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
         (partial / RECIPE_FILE).write_text(recipe_text)
-        for name in (MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, RECIPE_FILE):
+        checksums = {name: _sha256(partial / name) for name in CHECKSUMMED}
+        (partial / STATE_FILE).write_text(json.dumps(state | {"sha256": checksums}, indent=2))
+        for name in (*CHECKSUMMED, STATE_FILE):
             _fsync(partial / name)
         partial.rename(final)
         _fsync(directory)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    for old in checkpoints(directory)[:-keep]:
+        shutil.rmtree(old)
     return final
 
 
-def latest_checkpoint(directory: Path) -> Path | None:
-    """The newest complete checkpoint in `directory`, if any."""
-    found = sorted(directory.glob("epoch-[0-9][0-9][0-9][0-9]")) if directory.is_dir() else []
-    return found[-1] if found else None
+def checkpoints(directory: Path) -> list[Path]:
+    """The complete checkpoints in `directory`, oldest first."""
+    return sorted(directory.glob("step-" + "[0-9]" * 8)) if directory.is_dir() else []
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Reads and verifies a checkpoint; a missing, damaged or unreadable part is a UsageError."""
+    remedy = "use an earlier checkpoint or start anew"
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+        for name, expected in state["sha256"].items():
+            if _sha256(path / name) != expected:
+                raise UsageError(
+                    f"checkpoint {path} is corrupt ({name} fails its checksum); {remedy}"
+                )
+        return Checkpoint(
+            path=path,
+            weights=load_file(path / MODEL_FILE),
+            optimizer=load_file(path / OPTIMIZER_FILE),
+            state=state,
+            recipe_text=(path / RECIPE_FILE).read_text(),
+        )
+    except (OSError, SafetensorError, ValueError, KeyError, TypeError) as error:
+        raise UsageError(f"checkpoint {path} is unreadable ({error}); {remedy}") from None
+
+
+def load_newest_valid(directory: Path) -> Checkpoint | None:
+    """The newest checkpoint in `directory` that verifies; damaged newer ones are reported
+    and skipped (never deleted: they may be worth a look)."""
+    for path in reversed(checkpoints(directory)):
+        try:
+            return load_checkpoint(path)
+        except UsageError as error:
+            print(f"hvd-train: {error}; trying the one before", file=sys.stderr, flush=True)
+    return None
 
 
 def resolve_checkpoint(path: Path) -> Path:
     """`path` itself if it is a checkpoint, else the newest checkpoint of the run it names."""
     if (path / STATE_FILE).is_file():
         return path
-    latest = latest_checkpoint(path / "checkpoints")
-    if latest is None:
+    found = checkpoints(path / "checkpoints")
+    if not found:
         raise UsageError(
             f"{path} is neither a checkpoint nor a run directory holding one; "
-            "pass checkpoints/epoch-NNNN of a run, or its --output-dir"
+            "pass checkpoints/step-NNNNNNNN of a run, or its --output-dir"
         )
-    return latest
-
-
-def load_checkpoint(path: Path) -> Checkpoint:
-    """Reads a checkpoint directory; a missing or unreadable part is a UsageError."""
-    try:
-        return Checkpoint(
-            path=path,
-            weights=load_file(path / MODEL_FILE),
-            optimizer=load_file(path / OPTIMIZER_FILE),
-            state=json.loads((path / STATE_FILE).read_text()),
-            recipe_text=(path / RECIPE_FILE).read_text(),
-        )
-    except (OSError, SafetensorError, json.JSONDecodeError) as error:
-        raise UsageError(
-            f"checkpoint {path} is unreadable ({error}); pass another checkpoint or start anew"
-        ) from None
+    return found[-1]

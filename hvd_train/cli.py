@@ -95,7 +95,35 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --output-dir from its newest checkpoint",
+        help="continue the run in --output-dir from its newest valid checkpoint",
+    )
+    train.add_argument(
+        "--checkpoint-every",
+        type=positive(int),
+        metavar="STEPS",
+        help="also checkpoint every this many steps within an epoch, so a crash loses at most "
+        "that many (default: only at the end of each epoch)",
+    )
+    train.add_argument(
+        "--keep-checkpoints",
+        type=positive(int),
+        default=3,
+        metavar="K",
+        help="keep the newest K checkpoints, deleting older ones (default: %(default)s)",
+    )
+    train.add_argument(
+        "--elastic",
+        action="store_true",
+        help="elastic training (torch): run under `horovodrun --min-np/--max-np "
+        "--host-discovery-script`; workers may leave or join, and the job goes on",
+    )
+    train.add_argument(
+        "--commit-every",
+        type=positive(int),
+        default=10,
+        metavar="STEPS",
+        help="with --elastic, commit the state every this many steps; a failure loses at most "
+        "that many (default: %(default)s)",
     )
     train.add_argument(
         "--limit-steps",
@@ -141,7 +169,11 @@ def run_train(args: argparse.Namespace) -> None:
             output_dir=output_dir,
             resume=args.resume,
             log_every=args.log_every,
+            checkpoint_every=args.checkpoint_every,
+            keep_checkpoints=args.keep_checkpoints,
             limit_steps=args.limit_steps,
+            elastic=args.elastic,
+            commit_every=args.commit_every,
         )
     )
 
@@ -173,4 +205,22 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"hvd-train: error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:
+        if not lost_peer(error):
+            raise
+        print(
+            "hvd-train: error: lost contact with another rank, which most likely died (horovodrun "
+            f"names the first process that failed); {type(error).__name__}: {error}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
+
+
+def lost_peer(error: Exception) -> bool:
+    """Whether `error` is Horovod reporting that a collective failed because a peer is gone:
+    torch raises HorovodInternalError; TensorFlow, an op error with Horovod's shutdown message."""
+    exceptions = sys.modules.get("horovod.common.exceptions")
+    if exceptions is not None and isinstance(error, exceptions.HorovodInternalError):
+        return True
+    return "Horovod has been shut down" in str(error)

@@ -1,7 +1,9 @@
+import json
+
 import numpy as np
 import pytest
 
-from hvd_train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hvd_train.checkpoint import checkpoints, load_checkpoint, load_newest_valid, save_checkpoint
 from hvd_train.errors import UsageError
 
 WEIGHTS = {
@@ -11,27 +13,61 @@ WEIGHTS = {
 OPTIMIZER = {"0.exp_avg": np.full((3,), 0.5, np.float32)}
 
 
-def test_round_trip_and_latest(tmp_path):
-    save_checkpoint(tmp_path, 1, WEIGHTS, OPTIMIZER, {"epoch": 1}, "")
-    path = save_checkpoint(tmp_path, 2, WEIGHTS, OPTIMIZER, {"epoch": 2}, "recipe")
-    assert latest_checkpoint(tmp_path) == path == tmp_path / "epoch-0002"
+def save(directory, step: int, keep: int = 3):
+    return save_checkpoint(directory, step, WEIGHTS, OPTIMIZER, {"epoch": step}, "recipe", keep)
+
+
+def test_round_trip(tmp_path):
+    path = save(tmp_path, 7)
+    assert path == tmp_path / "step-00000007"
     loaded = load_checkpoint(path)
-    assert loaded.state == {"epoch": 2}
+    assert loaded.state["epoch"] == 7 and set(loaded.state["sha256"]) == {
+        "model.safetensors", "optimizer.safetensors", "recipe.toml",
+    }  # fmt: skip
     assert loaded.recipe_text == "recipe"
     assert all(np.array_equal(loaded.weights[k], v) for k, v in WEIGHTS.items())
     assert np.array_equal(loaded.optimizer["0.exp_avg"], OPTIMIZER["0.exp_avg"])
     assert not list(tmp_path.glob(".*"))
 
 
+def test_only_the_newest_k_are_kept(tmp_path):
+    for step in (10, 20, 30, 40):
+        save(tmp_path, step, keep=2)
+    assert [p.name for p in checkpoints(tmp_path)] == ["step-00000030", "step-00000040"]
+
+
 def test_a_failed_write_leaves_nothing_behind(tmp_path):
     with pytest.raises(TypeError):
-        save_checkpoint(tmp_path, 1, WEIGHTS, OPTIMIZER, {"not json": object()}, "")
+        save_checkpoint(tmp_path, 1, WEIGHTS, OPTIMIZER, {"not json": object()}, "", 3)
     assert list(tmp_path.iterdir()) == []
-    assert latest_checkpoint(tmp_path) is None
 
 
-def test_unreadable_checkpoint_is_a_usage_error(tmp_path):
-    path = save_checkpoint(tmp_path, 1, WEIGHTS, OPTIMIZER, {"epoch": 1}, "")
-    (path / "model.safetensors").write_bytes(b"garbage")
-    with pytest.raises(UsageError, match="checkpoint .*epoch-0001 is unreadable"):
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda p: (p / "model.safetensors").write_bytes(b"garbage"),
+            "model.safetensors fails its checksum",
+        ),
+        (lambda p: (p / "optimizer.safetensors").unlink(), "is unreadable"),
+        (lambda p: (p / "state.json").write_text("{"), "is unreadable"),
+    ],
+)
+def test_damage_is_detected(tmp_path, damage, message):
+    path = save(tmp_path, 1)
+    damage(path)
+    with pytest.raises(UsageError, match=f"checkpoint .*step-00000001 {message}|{message}"):
         load_checkpoint(path)
+
+
+def test_a_truncated_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
+    save(tmp_path, 10)
+    newest = save(tmp_path, 20)
+    data = (newest / "model.safetensors").read_bytes()
+    (newest / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert load_newest_valid(tmp_path).path == tmp_path / "step-00000010"
+    assert (
+        "step-00000020 is corrupt (model.safetensors fails its checksum)" in capsys.readouterr().err
+    )
+    assert newest.exists()  # reported, not deleted
+    json.loads((newest / "state.json").read_text())

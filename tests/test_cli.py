@@ -1,18 +1,28 @@
-"""The CLI as a user meets it: `python -m hvd_train`, one process, real subprocesses."""
+"""The CLI as a user meets it: `python -m hvd_train` in real subprocesses.
 
+BAD_INPUTS mirrors the README's table of mistakes: each gets one line naming the problem and the
+fix, exit code 2, no traceback, and leaves a run's saved checkpoint untouched.
+"""
+
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from hvd_train.checkpoint import save_checkpoint
 from hvd_train.recipe import load_recipe
-from tests.conftest import FRAMEWORKS
+from tests.conftest import FRAMEWORKS, REPO
+
+GOOD_RECIPE = (REPO / "recipes" / "mnist_cnn.toml").read_text()
 
 
-def run(*arguments: str, cwd=None) -> subprocess.CompletedProcess:
+def run(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "hvd_train", *arguments]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd)
+    environment = os.environ | (env or {})
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
 
 
 def assert_usage_error(result: subprocess.CompletedProcess, message: str) -> None:
@@ -24,102 +34,164 @@ def assert_usage_error(result: subprocess.CompletedProcess, message: str) -> Non
 
 
 def test_help_explains_every_flag():
-    result = run("--help")
-    assert result.returncode == 0
+    assert run("--help").returncode == 0
     train_help = run("train", "--help").stdout
-    for flag in (
-        "--recipe",
-        "--framework",
-        "--epochs",
-        "--batch-size",
-        "--lr",
-        "--seed",
-        "--data-dir",
-        "--output-dir",
-        "--resume",
-        "--limit-steps",
-        "--log-every",
-    ):
+    for flag in ("--recipe", "--framework", "--epochs", "--batch-size", "--lr", "--seed",
+                 "--data-dir", "--output-dir", "--resume", "--checkpoint-every",
+                 "--keep-checkpoints", "--limit-steps", "--log-every", "--debug"):  # fmt: skip
         assert flag in train_help
+    assert "--checkpoint" in run("eval", "--help").stdout
 
 
-@pytest.mark.parametrize(
-    ("arguments", "message"),
-    [
-        (["--framework", "jax"], "argument --framework: invalid choice: 'jax'"),
-        (["--epochs", "0"], "argument --epochs: must be positive, got '0'"),
-        (["--batch-size", "6.5"], "argument --batch-size: expected a positive int, got '6.5'"),
-        (["--lr", "-1"], "argument --lr: must be positive"),
-        (["--recipe", "nope"], "unknown recipe 'nope'; use one of mnist_cnn"),
-        (["--resume"], "--resume needs --output-dir"),
-    ],
-)
-def test_bad_flags_get_one_line_and_exit_2(arguments, message):
-    assert_usage_error(run(*arguments), message)
+def recipe_with(tmp_path: Path, old: str, new: str) -> str:
+    assert old in GOOD_RECIPE
+    path = tmp_path / "recipe.toml"
+    path.write_text(GOOD_RECIPE.replace(old, new))
+    return str(path)
 
 
-def test_recipe_syntax_error_names_the_file(tmp_path):
-    bad = tmp_path / "bad.toml"
-    bad.write_text("[schedule\n")
-    assert_usage_error(run("--recipe", str(bad)), f"{bad}: not valid TOML")
+def damaged_data(tmp_path: Path, mnist_dir: Path, damage) -> str:
+    copy = tmp_path / "data"
+    shutil.copytree(mnist_dir, copy)
+    damage(copy / "train-labels-idx1-ubyte.gz")
+    return str(copy)
+
+
+def fake_modules(tmp_path: Path, modules: dict[str, str]) -> dict[str, str]:
+    """A PYTHONPATH entry whose modules shadow the real ones, each running the given code."""
+    for name, code in modules.items():
+        path = tmp_path / "fake" / Path(*name.split(".")) / "__init__.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)
+    return {"PYTHONPATH": f"{tmp_path / 'fake'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# (row id, arguments or a function of (tmp_path, mnist_dir, framework) giving (arguments, env),
+#  the expected message). Rows run with --resume on a run that holds a checkpoint.
+BAD_INPUTS = [
+    ("unknown framework", ["--framework", "jax"], "argument --framework: invalid choice: 'jax'"),
+    ("unknown recipe", ["--recipe", "nope"], "unknown recipe 'nope'; use one of mnist_cnn"),
+    ("recipe syntax error",
+     lambda t, d, f: (["--recipe", recipe_with(t, "epochs = 4", "epochs = [")], {}),
+     "recipe.toml: not valid TOML"),
+    ("unknown layer",
+     lambda t, d, f: (["--recipe", recipe_with(t, '"relu" }', '"gelu" }')], {}),
+     "model.layers[1].type: unknown value 'gelu'; choose one of conv2d"),
+    ("missing hyperparameter",
+     lambda t, d, f: (["--recipe", recipe_with(t, "learning_rate = 0.001", "")], {}),
+     "optimizer.learning_rate: missing; add it to the recipe"),
+    ("zero hyperparameter in the recipe",
+     lambda t, d, f: (["--recipe", recipe_with(t, "epochs = 4", "epochs = 0")], {}),
+     "schedule.epochs: 0 is out of range; it must be positive"),
+    ("negative hyperparameter in the recipe",
+     lambda t, d, f: (["--recipe", recipe_with(t, "learning_rate = 0.001", "learning_rate = -1")],
+                      {}),
+     "optimizer.learning_rate: -1.0 is out of range; it must be positive"),
+    ("zero flag", ["--epochs", "0"], "argument --epochs: must be positive, got '0'"),
+    ("negative flag", ["--lr", "-0.1"], "argument --lr: must be positive, got '-0.1'"),
+    ("non-integer batch size flag", ["--batch-size", "6.5"],
+     "argument --batch-size: expected a positive int, got '6.5'"),
+    ("non-integer batch size in the recipe",
+     lambda t, d, f: (["--recipe", recipe_with(t, "batch_size = 64", "batch_size = 6.5")], {}),
+     "schedule.batch_size: expected int, got 6.5"),
+    ("missing data directory",
+     lambda t, d, f: (["--data-dir", str(t / "nowhere")], {}),
+     "nowhere does not exist; fix --data-dir or HVD_TRAIN_DATA_DIR"),
+    ("truncated data file",
+     lambda t, d, f: (["--data-dir", damaged_data(t, d, truncate)], {}),
+     "train-labels-idx1-ubyte.gz is truncated (100 of 28881 bytes); delete it"),
+    ("data file with the wrong checksum",
+     lambda t, d, f: (["--data-dir", damaged_data(t, d, flip_a_byte)], {}),
+     "train-labels-idx1-ubyte.gz has the wrong checksum"),
+    ("Horovod built without the framework",
+     lambda t, d, f: ([], fake_modules(t, {"horovod": "", f"horovod.{f}": (
+         f"raise ImportError('Extension horovod.{f} has not been built')")})),
+     "Horovod is missing or was built without"),
+    ("framework not installed",
+     lambda t, d, f: ([], fake_modules(t, {f: (
+         f"raise ModuleNotFoundError(\"No module named '{f}'\", name='{f}')")})),
+     "which is not installed"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def saved_run(tmp_path) -> Path:
+    """A run directory holding one checkpoint of mnist_cnn."""
+    run_dir = tmp_path / "run"
+    architecture = load_recipe("mnist_cnn").architecture_hash()
+    state = {"epoch": 1, "samples_in_epoch": 0, "recipe": "mnist_cnn",
+             "architecture": architecture, "framework": "torch"}  # fmt: skip
+    save_checkpoint(run_dir / "checkpoints", 100, {}, {}, state, GOOD_RECIPE, 3)
+    return run_dir
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_missing_data_dir(framework, tmp_path):
-    result = run(
-        "--framework", framework, "--data-dir", str(tmp_path / "nowhere"),
-        "--output-dir", str(tmp_path / "out"),
-    )  # fmt: skip
-    assert_usage_error(result, "nowhere does not exist; fix --data-dir or HVD_TRAIN_DATA_DIR")
+@pytest.mark.parametrize(("row", "given", "message"), BAD_INPUTS, ids=[r[0] for r in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_loses_nothing(
+    row, given, message, framework, tmp_path, mnist_dir, saved_run
+):
+    arguments, env = given(tmp_path, mnist_dir, framework) if callable(given) else (given, {})
+    before = snapshot(saved_run)
+    defaults = ["--framework", framework, "--data-dir", str(mnist_dir)]
+    result = run(*defaults, "--output-dir", str(saved_run), "--resume", *arguments, env=env)
+    assert_usage_error(result, message)
+    assert snapshot(saved_run) == before
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_unwritable_output_dir(framework, tmp_path, mnist_dir):
     (tmp_path / "file").write_text("")
+    output = tmp_path / "file" / "run"
     result = run(
-        "--framework", framework, "--data-dir", str(mnist_dir),
-        "--output-dir", str(tmp_path / "file" / "run"),
-    )  # fmt: skip
+        "--framework", framework, "--data-dir", str(mnist_dir), "--output-dir", str(output)
+    )
     assert_usage_error(result, "cannot write to output directory")
-
-
-def train_in(tmp_path, mnist_dir, framework: str, *extra: str) -> subprocess.CompletedProcess:
-    return run(
-        "--framework", framework, "--data-dir", str(mnist_dir), "--output-dir", str(tmp_path),
-        *extra,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_resume_with_nothing_to_resume(framework, tmp_path, mnist_dir):
-    assert_usage_error(train_in(tmp_path, mnist_dir, framework, "--resume"), "nothing to resume")
+    arguments = ["--framework", framework, "--data-dir", str(mnist_dir), "--resume"]
+    assert_usage_error(run(*arguments, "--output-dir", str(tmp_path)), "nothing to resume")
+    assert_usage_error(run(*arguments), "--resume needs --output-dir")
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_a_new_run_never_overwrites_saved_checkpoints(framework, tmp_path, mnist_dir):
-    saved = save_checkpoint(tmp_path / "checkpoints", 3, {}, {}, {"epoch": 3}, "")
-    before = {p.name: p.read_bytes() for p in saved.iterdir()}
-    result = train_in(tmp_path, mnist_dir, framework)
+def test_a_new_run_never_overwrites_saved_checkpoints(framework, mnist_dir, saved_run):
+    before = snapshot(saved_run)
+    arguments = ["--framework", framework, "--data-dir", str(mnist_dir)]
+    result = run(*arguments, "--output-dir", str(saved_run))
     assert_usage_error(result, "already holds checkpoints; pass --resume")
-    assert {p.name: p.read_bytes() for p in saved.iterdir()} == before
+    assert snapshot(saved_run) == before
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_checkpoint_of_another_architecture_is_refused(framework, tmp_path, mnist_dir):
-    state = {"epoch": 1, "recipe": "other", "architecture": "x", "framework": framework}
-    save_checkpoint(tmp_path / "checkpoints", 1, {}, {}, state, "")
-    result = train_in(tmp_path, mnist_dir, framework, "--resume")
-    assert_usage_error(result, "was written for another model (recipe 'other')")
+def test_checkpoint_of_another_recipe_is_refused(framework, mnist_dir, saved_run, tmp_path):
+    before = snapshot(saved_run)
+    recipe = recipe_with(tmp_path, "units = 128", "units = 64")
+    arguments = ["--framework", framework, "--data-dir", str(mnist_dir), "--recipe", recipe]
+    result = run(*arguments, "--output-dir", str(saved_run), "--resume")
+    assert_usage_error(result, "was written for another model (recipe 'mnist_cnn')")
+    assert snapshot(saved_run) == before
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_resume_from_the_other_framework_is_refused(framework, tmp_path, mnist_dir):
-    other = "tensorflow" if framework == "torch" else "torch"
-    architecture = load_recipe("mnist_cnn").architecture_hash()
-    state = {"epoch": 1, "recipe": "mnist_cnn", "architecture": architecture, "framework": other}
-    save_checkpoint(tmp_path / "checkpoints", 1, {}, {}, state, "")
-    result = train_in(tmp_path, mnist_dir, framework, "--resume")
-    assert_usage_error(result, f"was written by {other}; resume it with --framework {other}")
+def test_resume_from_the_other_framework_is_refused(mnist_dir, saved_run):
+    arguments = ["--framework", "tensorflow", "--data-dir", str(mnist_dir), "--resume"]
+    result = run(*arguments, "--output-dir", str(saved_run))
+    assert_usage_error(result, "was written by torch; resume it with --framework torch")
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -128,3 +200,13 @@ def test_eval_of_a_missing_checkpoint(framework, tmp_path):
     assert_usage_error(result, "none does not exist; check --checkpoint")
     result = run("eval", "--framework", framework, "--checkpoint", str(tmp_path))
     assert_usage_error(result, "is neither a checkpoint nor a run directory holding one")
+
+
+def test_debug_shows_the_traceback():
+    result = run("--recipe", "nope", "--debug")
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_elastic_under_tensorflow_is_refused():
+    result = run("--framework", "tensorflow", "--elastic")
+    assert_usage_error(result, "--elastic is not available with --framework tensorflow")

@@ -25,9 +25,14 @@ def create_adapter(name: str) -> Adapter:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
+        if "horovod" in f"{error.name} {error}":
+            raise UsageError(
+                f"Horovod is missing or was built without {name} ({error}); run "
+                "scripts/build-horovod.sh (part of `make setup`) to build it with both frameworks"
+            ) from None
         raise UsageError(
-            f"--framework {name} is not available here ({error}); run `make setup`, or install "
-            f"the framework and then scripts/build-horovod.sh"
+            f"--framework {name} needs {name}, which is not installed ({error}); run `make setup`,"
+            f" or `pip install 'hvd_train[{name}]'` and then scripts/build-horovod.sh"
         ) from None
     adapter: Adapter = getattr(module, class_name)()
     return adapter

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 
@@ -13,6 +13,17 @@ from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
 
 T = TypeVar("T")
+
+
+class ElasticState(Protocol):
+    """What the training loop keeps in Horovod's elastic state: where it stands, and commit()
+    to save it (and learn of added or removed workers)."""
+
+    epoch: int
+    samples: int  # training samples consumed in `epoch`, across all ranks
+
+    def commit(self) -> None: ...
+
 
 Arrays = dict[str, np.ndarray]
 
@@ -26,6 +37,7 @@ class Adapter(ABC):
     """
 
     name: ClassVar[str]
+    supports_elastic: ClassVar[bool] = False
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -44,8 +56,11 @@ class Adapter(ABC):
         """Makes every rank hold rank 0's weights (and optimizer state, if asked)."""
 
     @abstractmethod
-    def train_step(self, images: np.ndarray, labels: np.ndarray, learning_rate: float) -> float:
-        """One forward/backward pass with gradients averaged across ranks; the local loss."""
+    def train_step(
+        self, images: np.ndarray, labels: np.ndarray, learning_rate: float, seed: int
+    ) -> float:
+        """One forward/backward pass with gradients averaged across ranks; the local loss.
+        `seed` seeds this step's dropout."""
 
     @abstractmethod
     def logits(self, images: np.ndarray) -> np.ndarray:
@@ -58,6 +73,10 @@ class Adapter(ABC):
     @abstractmethod
     def broadcast_object(self, value: Any) -> Any:
         """Rank 0's `value`, on every rank."""
+
+    @abstractmethod
+    def allgather_object(self, value: Any) -> list[Any]:
+        """Every rank's `value`, in rank order, on every rank."""
 
     @abstractmethod
     def weights(self) -> Arrays:
@@ -74,6 +93,11 @@ class Adapter(ABC):
     @abstractmethod
     def load_optimizer_state(self, state: Arrays) -> None:
         """Restores what `optimizer_state` returned."""
+
+    def run_elastic(self, loop: Callable[[ElasticState], T], epoch: int, samples: int) -> T:
+        """Runs `loop` under Horovod's elastic driver: when workers leave or join, the state is
+        restored to its last commit, Horovod re-initialises, and `loop` is called again."""
+        raise NotImplementedError(f"{self.name} has no elastic mode")
 
     @property
     def is_rank_zero(self) -> bool:

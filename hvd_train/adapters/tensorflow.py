@@ -96,6 +96,9 @@ class TensorFlowAdapter(Adapter):
             for v in self.model.trainable_variables
             if self.passes_per_step > 1
         ]
+        self.seed_generators = [
+            layer.seed_generator for layer in self.model.layers if hasattr(layer, "seed_generator")
+        ]
         self._compiled_step = tf.function(self._step, reduce_retracing=True)
         self._compiled_logits = tf.function(
             lambda images: self.model(images, training=False), reduce_retracing=True
@@ -107,7 +110,11 @@ class TensorFlowAdapter(Adapter):
         variables = self.model.variables + self.optimizer.variables
         hvd.broadcast_variables([v.value for v in variables], root_rank=0)
 
-    def train_step(self, images: np.ndarray, labels: np.ndarray, learning_rate: float) -> float:
+    def train_step(
+        self, images: np.ndarray, labels: np.ndarray, learning_rate: float, seed: int
+    ) -> float:
+        for generator in self.seed_generators:
+            generator.state.assign(np.array([seed, 0], dtype=generator.state.dtype))
         self.optimizer.learning_rate = learning_rate
         self.passes += 1
         apply = self.passes % self.passes_per_step == 0
@@ -149,6 +156,9 @@ class TensorFlowAdapter(Adapter):
 
     def broadcast_object(self, value: Any) -> Any:
         return hvd.broadcast_object(value, root_rank=0)
+
+    def allgather_object(self, value: Any) -> list[Any]:
+        return list(hvd.allgather_object(value))
 
     def weights(self) -> Arrays:
         return {

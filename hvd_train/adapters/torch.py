@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import horovod.torch as hvd
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_train.adapters.base import Adapter, Arrays
+from hvd_train.adapters.base import Adapter, Arrays, ElasticState, T
 from hvd_train.recipe import Recipe
 
 
@@ -75,9 +76,13 @@ def from_neutral(name: str, array: np.ndarray) -> tuple[str, torch.Tensor]:
 
 class TorchAdapter(Adapter):
     name = "torch"
+    supports_elastic = True
 
     def init(self) -> None:
         hvd.init()
+        self._pin()
+
+    def _pin(self) -> None:
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_size = hvd.size(), hvd.local_size()
         if torch.cuda.is_available():
@@ -114,7 +119,10 @@ class TorchAdapter(Adapter):
         # NHWC from the data pipeline to the NCHW that torch's convolutions expect.
         return torch.from_numpy(images).to(self.device).permute(0, 3, 1, 2)
 
-    def train_step(self, images: np.ndarray, labels: np.ndarray, learning_rate: float) -> float:
+    def train_step(
+        self, images: np.ndarray, labels: np.ndarray, learning_rate: float, seed: int
+    ) -> float:
+        torch.manual_seed(seed)
         self.model.train()
         loss = F.cross_entropy(
             self.model(self._inputs(images)), torch.from_numpy(labels).to(self.device)
@@ -150,6 +158,16 @@ class TorchAdapter(Adapter):
 
     def broadcast_object(self, value: Any) -> Any:
         return hvd.broadcast_object(value, root_rank=0)
+
+    def allgather_object(self, value: Any) -> list[Any]:
+        return list(hvd.allgather_object(value))
+
+    def run_elastic(self, loop: Callable[[ElasticState], T], epoch: int, samples: int) -> T:
+        state = hvd.elastic.TorchState(
+            model=self.model, optimizer=self.optimizer, epoch=epoch, samples=samples
+        )
+        state.register_reset_callbacks([self._pin])  # the world changed: new rank, new share
+        return hvd.elastic.run(loop)(state)
 
     def weights(self) -> Arrays:
         return dict(to_neutral(name, tensor) for name, tensor in self.model.state_dict().items())

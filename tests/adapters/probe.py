@@ -28,7 +28,7 @@ saved["logits"] = adapter.logits(data.test_images[:32])
 
 for step in range(2):  # give the optimizer some state
     batch = slice(64 * step, 64 * (step + 1))
-    adapter.train_step(data.train_images[batch], data.train_labels[batch], 0.001)
+    adapter.train_step(data.train_images[batch], data.train_labels[batch], 0.001, step)
 state = adapter.optimizer_state()
 fresh = create_adapter(framework)
 fresh.init()

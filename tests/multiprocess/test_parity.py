@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.multiprocess.conftest import horovodrun
+from tests.multiprocess.conftest import STEPS, horovodrun
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -18,7 +18,7 @@ pytestmark = [
 @pytest.mark.parametrize(("writer", "reader"), [("torch", "tensorflow"), ("tensorflow", "torch")])
 def test_checkpoint_scores_the_same_under_the_other_framework(writer, reader, short_run, mnist_dir):
     base, _, _ = short_run(writer)
-    checkpoint = base / "rank0" / "checkpoints" / "epoch-0001"
+    checkpoint = base / "rank0" / "checkpoints" / f"step-{STEPS:08d}"
     metrics = (base / "rank0" / "metrics.jsonl").read_text().splitlines()
     written = next(json.loads(line) for line in metrics if '"eval"' in line)
     evaluation = ["-m", "hvd_train", "eval", "--checkpoint", str(checkpoint), "--json",

@@ -28,7 +28,7 @@ def test_only_rank_zero_writes(first_run):
         "metrics.jsonl",
         "summary.json",
     ]
-    assert [p.name for p in (base / "rank0" / "checkpoints").iterdir()] == ["epoch-0001"]
+    assert [p.name for p in (base / "rank0" / "checkpoints").iterdir()] == [f"step-{STEPS:08d}"]
     assert not (base / "rank1").exists()
 
 
@@ -64,12 +64,12 @@ def test_resume_continues_from_the_saved_epoch(first_run, tmp_path):
     first_loss = read_metrics(tmp_path / "rank0")[0]["loss"]
     resume = [*arguments, "--epochs", "2", "--resume"]
     output = horovodrun(script("cli_per_rank.py"), str(tmp_path), *resume).stdout
-    assert f"resuming from {tmp_path}/rank0/checkpoints/epoch-0001" in output
+    assert f"resuming from {tmp_path}/rank0/checkpoints/step-{STEPS:08d}" in output
     metrics = read_metrics(tmp_path / "rank0")
     epoch_two = [m for m in metrics if m["epoch"] == 2]
     assert [m["step"] for m in epoch_two] == [80, 100, 120, 120]
     # Restored weights start far better than the fresh model's first steps.
     assert epoch_two[0]["loss"] < first_loss / 2
     checkpoints = sorted(p.name for p in (tmp_path / "rank0" / "checkpoints").iterdir())
-    assert checkpoints == ["epoch-0001", "epoch-0002"]
+    assert checkpoints == [f"step-{STEPS:08d}", f"step-{2 * STEPS:08d}"]
     assert json.loads((tmp_path / "rank0" / "summary.json").read_text())["epochs"] == 2

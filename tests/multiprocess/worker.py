@@ -34,6 +34,6 @@ for step in range(int(steps)):
         batch = shards[adapter.rank][step]
     else:
         batch = np.concatenate([shards[0][step], shards[1][step]])
-    adapter.train_step(data.train_images[batch], data.train_labels[batch], 0.01)
+    adapter.train_step(data.train_images[batch], data.train_labels[batch], 0.01, step)
 np.savez(out / f"trained-{adapter.world_size}-{adapter.rank}.npz", **adapter.weights())
 np.savez(out / f"optimizer-{adapter.world_size}-{adapter.rank}.npz", **adapter.optimizer_state())
