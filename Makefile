@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NP ?= 2
 FRAMEWORK ?= torch
+CONTROLLER ?= --gloo
 TORCH_VERSION := 2.13.0
 TENSORFLOW_VERSION := 2.21.0
 # With an NVIDIA GPU: CUDA builds of both frameworks (torch's default wheel on PyPI is one).
@@ -17,7 +18,9 @@ endif
 
 setup: $(VENV)/.setup-done
 
-$(VENV)/.setup-done: pyproject.toml scripts/build-horovod.sh scripts/horovod-0.28.1.patch
+$(VENV)/.setup-done: pyproject.toml scripts/build-horovod.sh scripts/horovod-0.28.1.patch \
+		scripts/install-system-packages.sh
+	scripts/install-system-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel packaging
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) "$(TENSORFLOW)"
@@ -26,12 +29,14 @@ $(VENV)/.setup-done: pyproject.toml scripts/build-horovod.sh scripts/horovod-0.2
 	touch $@
 
 train: setup
-	$(VENV)/bin/horovodrun -np $(NP) $(PY) -m hvd_train --recipe mnist_cnn --framework $(FRAMEWORK)
+	$(VENV)/bin/horovodrun -np $(NP) $(CONTROLLER) $(PY) -m hvd_train --recipe mnist_cnn \
+		--framework $(FRAMEWORK)
 
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/hadolint docker/Dockerfile.cpu docker/Dockerfile.cuda
 
 test: lint
 	$(VENV)/bin/pytest

@@ -1,4 +1,4 @@
-"""Command line: `hvd-train [train|eval] ...`, the same as `python -m hvd_train ...`."""
+"""Command line: `hvd-train [train|eval|doctor] ...`, the same as `python -m hvd_train ...`."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from hvd_train import __version__
 from hvd_train.adapters import ADAPTERS
 from hvd_train.errors import UsageError
 from hvd_train.recipe import load_recipe
-
-COMMANDS = ("train", "eval")
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         "filled on first use)",
     )
     shared.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
-    commands = parser.add_subparsers(dest="command", metavar="{train,eval}", parser_class=Parser)
+    commands = parser.add_subparsers(
+        dest="command", metavar="{train,eval,doctor}", parser_class=Parser
+    )
     train = commands.add_parser(
         "train", parents=[shared], help="train a recipe (the default command)"
     )
@@ -148,10 +148,27 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a sentence"
     )
+    doctor = commands.add_parser(
+        "doctor", parents=[shared], help="check what a run needs, here and on other hosts"
+    )
+    doctor.add_argument(
+        "-H", "--hosts", help="also check these hosts, as horovodrun -H takes them (a:4,b:4)"
+    )
     return parser
 
 
-def run_train(args: argparse.Namespace) -> None:
+def run_doctor(args: argparse.Namespace) -> int:
+    from hvd_train.doctor import run_doctor as check
+
+    checks = check(args.data_dir, args.hosts)
+    for item in checks:
+        print(item.line())
+    failed = [item for item in checks if not item.ok]
+    print(f"{len(failed)} of {len(checks)} checks failed" if failed else "all checks passed")
+    return 1 if failed else 0
+
+
+def run_train(args: argparse.Namespace) -> int:
     from hvd_train.trainer import RunOptions, train
 
     recipe = load_recipe(args.recipe).with_overrides(args.epochs, args.batch_size, args.lr)
@@ -176,14 +193,15 @@ def run_train(args: argparse.Namespace) -> None:
             commit_every=args.commit_every,
         )
     )
+    return 0
 
 
-def run_eval(args: argparse.Namespace) -> None:
+def run_eval(args: argparse.Namespace) -> int:
     from hvd_train.evaluation import evaluate_checkpoint
 
     result = evaluate_checkpoint(args.checkpoint, args.framework, args.data_dir)
     if result is None:  # not rank 0
-        return
+        return 0
     if args.json:
         print(json.dumps(result))
     else:
@@ -191,6 +209,10 @@ def run_eval(args: argparse.Namespace) -> None:
             f"{result['checkpoint']} ({result['written_by']}) under {result['framework']}: "
             f"test accuracy {result['test_accuracy']:.2%}, test loss {result['test_loss']:.4f}"
         )
+    return 0
+
+
+COMMANDS = {"train": run_train, "eval": run_eval, "doctor": run_doctor}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         argv.insert(0, "train")
     args = build_parser().parse_args(argv)
     try:
-        (run_eval if args.command == "eval" else run_train)(args)
+        return COMMANDS[args.command](args)
     except UsageError as error:
         if args.debug:
             raise
@@ -210,11 +232,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(
             "hvd-train: error: lost contact with another rank, which most likely died (horovodrun "
-            f"names the first process that failed); {type(error).__name__}: {error}",
+            f"names the first process that failed); {type(error).__name__}: "
+            f"{str(error).splitlines()[0]}",
             file=sys.stderr,
         )
         return 1
-    return 0
 
 
 def lost_peer(error: Exception) -> bool:

@@ -257,6 +257,14 @@ def locate(data_dir: Path | None) -> Path:
     return data_dir
 
 
+def verify(directory: Path, file: MnistFile) -> None:
+    """Raises UsageError unless `directory` holds `file` with the official size and MD5."""
+    path = _present(directory, file)
+    if path is None:
+        raise UsageError(f"{directory} lacks {file.name}.gz; add the original MNIST files")
+    _verified_bytes(path, file)
+
+
 def load_mnist(data_dir: Path | None) -> Mnist:
     """Loads, verifies and normalises MNIST from `locate(data_dir)`."""
     directory = locate(data_dir)

@@ -7,8 +7,11 @@ progress; every rank runs the same number of steps and collectives.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,11 @@ class Position:
 
     epoch: int
     step: int
+
+
+def host_name() -> str:
+    """This rank's host as horovodrun named it (-H, --hostfile), else the machine's name."""
+    return os.environ.get("HOROVOD_HOSTNAME") or platform.node()
 
 
 def step_seed(seed: int, global_step: int, rank: int) -> int:
@@ -318,6 +326,7 @@ class Trainer:
             "test_loss": test_loss,
             "train_seconds": round(time.perf_counter() - started, 2),
             "images_per_second": round(self.images_trained / self.step_seconds, 1),
+            "hosts": dict(Counter(adapter.allgather_object(host_name()))),
             "hvd_train_version": __version__,
         }
 

@@ -64,7 +64,10 @@ if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
         "$python" -m pip wheel --no-build-isolation --no-deps "$src" -w "$work/dist" > "$work/build.log" 2>&1 \
         || { tail -n 40 "$work/build.log" >&2; die "the Horovod build failed (log above)"; }
     mkdir -p "$(dirname "$wheel_dir")"
-    mv "$work/dist" "$wheel_dir.partial.$$" && mv "$wheel_dir.partial.$$" "$wheel_dir"
+    # Copy next to the target, then rename: a cache entry is complete or absent.
+    cp -r "$work/dist" "$wheel_dir.partial.$$"
+    mv -T "$wheel_dir.partial.$$" "$wheel_dir" 2>/dev/null \
+        || { rm -rf "$wheel_dir.partial.$$"; say "another build cached this key meanwhile"; }
     say "cached $(ls "$wheel_dir")"
 fi
 

@@ -12,9 +12,13 @@ TIMEOUT = 600
 STEPS = 60  # per epoch and rank in the short runs: enough to learn, quick to run
 
 
-def horovodrun(*arguments: str, np: int = 2) -> subprocess.CompletedProcess:
-    """`horovodrun -np N python ARGUMENTS...` with a hard timeout; fails the test unless 0."""
-    command = [str(HOROVODRUN), "-np", str(np), sys.executable, *arguments]
+def horovodrun(
+    *arguments: str, horovodrun_options: list[str] | None = None
+) -> subprocess.CompletedProcess:
+    """`horovodrun -np 2 OPTIONS python ARGUMENTS...` with a hard timeout; fails unless 0.
+    The controller is Gloo unless OPTIONS say otherwise (horovodrun would pick MPI where built)."""
+    options = ["-np", "2", *(horovodrun_options or ["--gloo"])]
+    command = [str(HOROVODRUN), *options, sys.executable, *arguments]
     result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
     if result.returncode != 0:
         pytest.fail(

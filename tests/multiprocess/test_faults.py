@@ -21,7 +21,7 @@ STEPS = 40  # per epoch; two epochs, a checkpoint every 5 steps
 
 
 def start(*arguments: str) -> subprocess.Popen:
-    command = [str(HOROVODRUN), "-np", "2", sys.executable, "-m", "hvd_train", *arguments]
+    command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, "-m", "hvd_train", *arguments]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -109,7 +109,7 @@ def test_ranks_that_disagree_stop_at_once_naming_the_difference(framework, mnist
         "--output-dir",
         str(tmp_path),
     ]
-    command = [str(HOROVODRUN), "-np", "2", sys.executable, str(launcher), *arguments]
+    command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, str(launcher), *arguments]
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert time.monotonic() - started < 60
@@ -131,16 +131,8 @@ def test_elastic_job_goes_on_without_a_killed_worker_and_reaches_the_recipes_acc
     discover.write_text("#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\n")
     discover.chmod(0o755)
     output_dir = tmp_path / "run"
-    elastic = [
-        "-np",
-        "2",
-        "--min-np",
-        "1",
-        "--max-np",
-        "2",
-        "--host-discovery-script",
-        str(discover),
-    ]
+    elastic = ["-np", "2", "--min-np", "1", "--max-np", "2", "--gloo",
+               "--host-discovery-script", str(discover)]  # fmt: skip
     arguments = ["--elastic", "--data-dir", str(mnist_dir), "--output-dir", str(output_dir)]
     command = [str(HOROVODRUN), *elastic, sys.executable, "-m", "hvd_train", *arguments]
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

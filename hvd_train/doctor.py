@@ -1,0 +1,161 @@
+"""`hvd-train doctor`: what a run needs, whether it is there, and how to fix what is not.
+
+Each check is one line, `[ok]` or `[FAIL]` with its fix. Nothing is imported from the
+frameworks in this process (versions come from package metadata, Horovod's build from
+`horovodrun --check-build`), so the doctor works even where a framework is broken.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from hvd_train import __version__
+from hvd_train.errors import UsageError
+from hvd_train.mnist import FILES, cache_dir, verify
+
+PACKAGES = ("hvd_train", "horovod", "torch", "tensorflow", "tensorflow-cpu", "keras")
+LOCAL_NAMES = {"localhost", "127.0.0.1", platform.node()}
+SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=no"]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"[{'ok' if self.ok else 'FAIL'}] {self.name}: {self.detail}"
+        return text if self.ok else f"{text}\n       fix: {self.fix}"
+
+
+def installed_versions() -> dict[str, str]:
+    """This environment's versions of the packages a run depends on (absent ones left out)."""
+    versions = {}
+    for package in PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def version_checks(versions: dict[str, str]) -> list[Check]:
+    python = f"Python {platform.python_version()} ({sys.executable})"
+    checks = [Check("python", sys.version_info >= (3, 11), python, "use Python 3.11 or newer")]
+    for name, packages in (("torch", ("torch",)), ("tensorflow", ("tensorflow", "tensorflow-cpu"))):
+        found = [f"{p} {versions[p]}" for p in packages if p in versions]
+        checks.append(
+            Check(
+                name,
+                bool(found),
+                ", ".join(found) or "not installed",
+                f"run `make setup`, or pip install 'hvd_train[{name}]'",
+            )
+        )
+    return checks
+
+
+def horovod_checks() -> list[Check]:
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    fix = "run scripts/build-horovod.sh (part of `make setup`)"
+    if not horovodrun.exists():
+        return [Check("horovod", False, "not installed", fix)]
+    result = subprocess.run(
+        [str(horovodrun), "--check-build"], capture_output=True, text=True, timeout=300
+    )
+    built = {
+        line.split("]", 1)[1].strip(): line.strip().startswith("[X]")
+        for line in result.stdout.splitlines()
+        if line.strip().startswith("[")
+    }
+
+    def parts(names: tuple[str, ...]) -> str:
+        return ", ".join(name for name in names if built.get(name)) or "none"
+
+    frameworks_ok = built.get("PyTorch", False) and built.get("TensorFlow", False)
+    return [
+        Check("horovod frameworks", frameworks_ok, parts(("PyTorch", "TensorFlow")), fix),
+        Check(
+            "horovod controllers",
+            built.get("Gloo", False),
+            parts(("Gloo", "MPI")),
+            fix + "; for MPI install openmpi-bin and libopenmpi-dev first",
+        ),
+        Check("horovod tensor operations", bool(built), parts(("NCCL", "MPI", "Gloo")), fix),
+    ]
+
+
+def data_check(data_dir: Path | None) -> Check:
+    directory = data_dir or cache_dir()
+    fix = "run a training once (it fills the cache), or put the four MNIST files in --data-dir"
+    try:
+        for file in FILES.values():
+            verify(directory, file)
+    except UsageError as error:
+        return Check("data", False, str(error).split("; ")[0], fix)
+    return Check("data", True, f"MNIST in {directory}, checksums match")
+
+
+def gpu_check() -> Check:
+    if shutil.which("nvidia-smi") is None:
+        return Check("gpus", True, "none visible (no nvidia-smi): training runs on the CPU")
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    gpus = [line for line in listing.splitlines() if line.startswith("GPU")]
+    return Check("gpus", True, f"{len(gpus)} visible" + "".join(f"\n       {g}" for g in gpus))
+
+
+def host_checks(host: str, versions: dict[str, str]) -> list[Check]:
+    """SSH without a password, the same Python path, the same versions."""
+    probe = (
+        "import json, sys\nfrom importlib import metadata\nversions = {}\n"
+        f"for p in {PACKAGES!r}:\n    try: versions[p] = metadata.version(p)\n"
+        "    except metadata.PackageNotFoundError: pass\nprint(json.dumps(versions))"
+    )
+    remote = f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)}"
+    result = subprocess.run([*SSH, host, remote], capture_output=True, text=True, timeout=60)
+    if result.returncode == 255:
+        detail = (result.stderr.strip().splitlines() or ["ssh failed"])[-1]
+        fix = (
+            f"set up password-less SSH: ssh-copy-id {host} (the key of this user), and check "
+            "that the host name resolves and port 22 is open"
+        )
+        return [Check(f"{host}: ssh", False, detail, fix)]
+    checks = [Check(f"{host}: ssh", True, "reachable without a password")]
+    if result.returncode != 0:
+        fix = (
+            f"install hvd_train at the same path on {host} (a shared file system or the same image)"
+        )
+        return [*checks, Check(f"{host}: python", False, f"no {sys.executable} there", fix)]
+    checks.append(Check(f"{host}: python", True, f"{sys.executable} present"))
+    remote_versions = json.loads(result.stdout.strip().splitlines()[-1])
+    differ = [
+        f"{p} {remote_versions.get(p, 'absent')} (here {v})"
+        for p, v in versions.items()
+        if remote_versions.get(p) != v
+    ]
+    fix = "install the same versions on every host (`make setup` from the same commit)"
+    checks.append(Check(f"{host}: versions", not differ, ", ".join(differ) or "same", fix))
+    return checks
+
+
+def run_doctor(data_dir: Path | None, hosts: str | None) -> list[Check]:
+    """All checks; `hosts` as horovodrun's -H takes them (`a:4,b:4`)."""
+    versions = installed_versions()
+    checks = [Check("hvd_train", True, __version__), *version_checks(versions), *horovod_checks()]
+    checks += [data_check(data_dir), gpu_check()]
+    for host in [entry.split(":")[0] for entry in (hosts or "").split(",") if entry]:
+        if host in LOCAL_NAMES:
+            checks.append(Check(f"{host}: ssh", True, "this machine (horovodrun runs it directly)"))
+        else:
+            checks += host_checks(host, versions)
+    return checks
