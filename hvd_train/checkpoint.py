@@ -1,6 +1,6 @@
 """Checkpoints: one directory per save, written on rank 0 only, atomically, with checksums.
 
-    checkpoints/step-00000938/
+    checkpoints/epoch-0002-sample-00007680/
         model.safetensors      weights in the framework-neutral layout (see adapters/base.py)
         optimizer.safetensors  optimizer state in the writing framework's layout
         recipe.toml            the recipe the model was built from
@@ -8,7 +8,8 @@
                                and the SHA-256 of each file above
 
 A checkpoint is written under a temporary name, flushed, and renamed when complete, so a crash
-never leaves a half-written `step-*` directory. A file damaged later fails its checksum.
+never leaves a half-written checkpoint. A file damaged later fails its checksum. Names sort by
+progress (epoch, then training samples consumed in it), whatever the world size was.
 """
 
 from __future__ import annotations
@@ -54,17 +55,21 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def checkpoint_name(epoch: int, samples_in_epoch: int) -> str:
+    return f"epoch-{epoch:04d}-sample-{samples_in_epoch:08d}"
+
+
 def save_checkpoint(
     directory: Path,
-    global_step: int,
+    name: str,
     weights: Arrays,
     optimizer: Arrays,
     state: dict[str, Any],
     recipe_text: str,
     keep: int,
 ) -> Path:
-    """Writes `directory/step-NNNNNNNN` atomically, then keeps only the newest `keep`."""
-    final = directory / f"step-{global_step:08d}"
+    """Writes `directory/name` atomically, then keeps only the newest `keep`."""
+    final = directory / name
     partial = directory / f".{final.name}.partial-{os.getpid()}"
     partial.mkdir(parents=True)
     try:
@@ -87,7 +92,8 @@ def save_checkpoint(
 
 def checkpoints(directory: Path) -> list[Path]:
     """The complete checkpoints in `directory`, oldest first."""
-    return sorted(directory.glob("step-" + "[0-9]" * 8)) if directory.is_dir() else []
+    pattern = "epoch-" + "[0-9]" * 4 + "-sample-" + "[0-9]" * 8
+    return sorted(directory.glob(pattern)) if directory.is_dir() else []
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -112,13 +118,21 @@ def load_checkpoint(path: Path) -> Checkpoint:
 
 
 def load_newest_valid(directory: Path) -> Checkpoint | None:
-    """The newest checkpoint in `directory` that verifies; damaged newer ones are reported
-    and skipped (never deleted: they may be worth a look)."""
+    """The newest checkpoint in `directory` that verifies. Damaged newer ones are reported and
+    set aside as `<name>.corrupt` (not deleted: they may be worth a look), so that training
+    can write a sound one under the same name again."""
     for path in reversed(checkpoints(directory)):
         try:
             return load_checkpoint(path)
         except UsageError as error:
-            print(f"hvd-train: {error}; trying the one before", file=sys.stderr, flush=True)
+            aside = path.with_name(f"{path.name}.corrupt")
+            shutil.rmtree(aside, ignore_errors=True)  # an older damaged copy of the same point
+            path.rename(aside)
+            print(
+                f"hvd-train: {error}; set aside as {aside.name}, trying the one before",
+                file=sys.stderr,
+                flush=True,
+            )
     return None
 
 
@@ -130,6 +144,6 @@ def resolve_checkpoint(path: Path) -> Path:
     if not found:
         raise UsageError(
             f"{path} is neither a checkpoint nor a run directory holding one; "
-            "pass checkpoints/step-NNNNNNNN of a run, or its --output-dir"
+            "pass a checkpoint (checkpoints/epoch-...) of a run, or its --output-dir"
         )
     return found[-1]

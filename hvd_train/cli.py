@@ -154,13 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "-H", "--hosts", help="also check these hosts, as horovodrun -H takes them (a:4,b:4)"
     )
+    doctor.add_argument(
+        "--ssh-identity-file",
+        type=Path,
+        help="the private key to reach the hosts with, as horovodrun's option of that name",
+    )
     return parser
 
 
 def run_doctor(args: argparse.Namespace) -> int:
     from hvd_train.doctor import run_doctor as check
 
-    checks = check(args.data_dir, args.hosts)
+    checks = check(args.data_dir, args.hosts, args.ssh_identity_file)
     for item in checks:
         print(item.line())
     failed = [item for item in checks if not item.ok]

@@ -114,15 +114,17 @@ def gpu_check() -> Check:
     return Check("gpus", True, f"{len(gpus)} visible" + "".join(f"\n       {g}" for g in gpus))
 
 
-def host_checks(host: str, versions: dict[str, str]) -> list[Check]:
-    """SSH without a password, the same Python path, the same versions."""
+def host_checks(host: str, versions: dict[str, str], identity: Path | None) -> list[Check]:
+    """SSH without a password, the same Python path, the same versions, a routable name."""
     probe = (
-        "import json, sys\nfrom importlib import metadata\nversions = {}\n"
+        "import json, socket\nfrom importlib import metadata\nversions = {}\n"
         f"for p in {PACKAGES!r}:\n    try: versions[p] = metadata.version(p)\n"
-        "    except metadata.PackageNotFoundError: pass\nprint(json.dumps(versions))"
+        "    except metadata.PackageNotFoundError: pass\nname = socket.gethostname()\n"
+        "print(json.dumps([versions, name, socket.gethostbyname(name)]))"
     )
     remote = f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)}"
-    result = subprocess.run([*SSH, host, remote], capture_output=True, text=True, timeout=60)
+    ssh = [*SSH, "-i", str(identity)] if identity else SSH
+    result = subprocess.run([*ssh, host, remote], capture_output=True, text=True, timeout=60)
     if result.returncode == 255:
         detail = (result.stderr.strip().splitlines() or ["ssh failed"])[-1]
         fix = (
@@ -137,7 +139,7 @@ def host_checks(host: str, versions: dict[str, str]) -> list[Check]:
         )
         return [*checks, Check(f"{host}: python", False, f"no {sys.executable} there", fix)]
     checks.append(Check(f"{host}: python", True, f"{sys.executable} present"))
-    remote_versions = json.loads(result.stdout.strip().splitlines()[-1])
+    remote_versions, name, address = json.loads(result.stdout.strip().splitlines()[-1])
     differ = [
         f"{p} {remote_versions.get(p, 'absent')} (here {v})"
         for p, v in versions.items()
@@ -145,11 +147,18 @@ def host_checks(host: str, versions: dict[str, str]) -> list[Check]:
     ]
     fix = "install the same versions on every host (`make setup` from the same commit)"
     checks.append(Check(f"{host}: versions", not differ, ", ".join(differ) or "same", fix))
+    fix = (
+        f"map {name} to its network address in {host}'s /etc/hosts (Debian maps it to "
+        "127.0.1.1): Horovod's Gloo process sets listen on the address the host name resolves to"
+    )
+    routable = not address.startswith("127.")
+    checks.append(Check(f"{host}: host name", routable, f"{name} resolves to {address}", fix))
     return checks
 
 
-def run_doctor(data_dir: Path | None, hosts: str | None) -> list[Check]:
-    """All checks; `hosts` as horovodrun's -H takes them (`a:4,b:4`)."""
+def run_doctor(data_dir: Path | None, hosts: str | None, identity: Path | None) -> list[Check]:
+    """All checks; `hosts` as horovodrun's -H takes them (`a:4,b:4`), reached over SSH with
+    `identity` (a private key file) if given."""
     versions = installed_versions()
     checks = [Check("hvd_train", True, __version__), *version_checks(versions), *horovod_checks()]
     checks += [data_check(data_dir), gpu_check()]
@@ -157,5 +166,5 @@ def run_doctor(data_dir: Path | None, hosts: str | None) -> list[Check]:
         if host in LOCAL_NAMES:
             checks.append(Check(f"{host}: ssh", True, "this machine (horovodrun runs it directly)"))
         else:
-            checks += host_checks(host, versions)
+            checks += host_checks(host, versions, identity)
     return checks

@@ -22,7 +22,12 @@ from tqdm import tqdm
 from hvd_train import __version__
 from hvd_train.adapters import Adapter, create_adapter
 from hvd_train.adapters.base import ElasticState
-from hvd_train.checkpoint import checkpoints, load_newest_valid, save_checkpoint
+from hvd_train.checkpoint import (
+    checkpoint_name,
+    checkpoints,
+    load_newest_valid,
+    save_checkpoint,
+)
 from hvd_train.errors import UsageError
 from hvd_train.evaluation import evaluate
 from hvd_train.mnist import Mnist, load_mnist
@@ -205,7 +210,7 @@ class Trainer:
         }
         save_checkpoint(
             self.checkpoint_dir,
-            self.global_step(position),
+            checkpoint_name(position.epoch, position.step * self.global_batch),
             self.adapter.weights(),
             self.adapter.optimizer_state(),
             state,

@@ -1,9 +1,13 @@
-import json
-
 import numpy as np
 import pytest
 
-from hvd_train.checkpoint import checkpoints, load_checkpoint, load_newest_valid, save_checkpoint
+from hvd_train.checkpoint import (
+    checkpoint_name,
+    checkpoints,
+    load_checkpoint,
+    load_newest_valid,
+    save_checkpoint,
+)
 from hvd_train.errors import UsageError
 
 WEIGHTS = {
@@ -13,13 +17,14 @@ WEIGHTS = {
 OPTIMIZER = {"0.exp_avg": np.full((3,), 0.5, np.float32)}
 
 
-def save(directory, step: int, keep: int = 3):
-    return save_checkpoint(directory, step, WEIGHTS, OPTIMIZER, {"epoch": step}, "recipe", keep)
+def save(directory, epoch: int, keep: int = 3):
+    name = checkpoint_name(epoch, 0)
+    return save_checkpoint(directory, name, WEIGHTS, OPTIMIZER, {"epoch": epoch}, "recipe", keep)
 
 
 def test_round_trip(tmp_path):
     path = save(tmp_path, 7)
-    assert path == tmp_path / "step-00000007"
+    assert path == tmp_path / "epoch-0007-sample-00000000"
     loaded = load_checkpoint(path)
     assert loaded.state["epoch"] == 7 and set(loaded.state["sha256"]) == {
         "model.safetensors", "optimizer.safetensors", "recipe.toml",
@@ -33,12 +38,15 @@ def test_round_trip(tmp_path):
 def test_only_the_newest_k_are_kept(tmp_path):
     for step in (10, 20, 30, 40):
         save(tmp_path, step, keep=2)
-    assert [p.name for p in checkpoints(tmp_path)] == ["step-00000030", "step-00000040"]
+    assert [p.name for p in checkpoints(tmp_path)] == [
+        checkpoint_name(30, 0),
+        checkpoint_name(40, 0),
+    ]
 
 
 def test_a_failed_write_leaves_nothing_behind(tmp_path):
     with pytest.raises(TypeError):
-        save_checkpoint(tmp_path, 1, WEIGHTS, OPTIMIZER, {"not json": object()}, "", 3)
+        save_checkpoint(tmp_path, "x", WEIGHTS, OPTIMIZER, {"not json": object()}, "", 3)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -56,18 +64,20 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
 def test_damage_is_detected(tmp_path, damage, message):
     path = save(tmp_path, 1)
     damage(path)
-    with pytest.raises(UsageError, match=f"checkpoint .*step-00000001 {message}|{message}"):
+    with pytest.raises(UsageError, match=f"checkpoint .*{path.name} {message}|{message}"):
         load_checkpoint(path)
 
 
-def test_a_truncated_newest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
+def test_a_truncated_newest_checkpoint_is_set_aside_for_the_previous(tmp_path, capsys):
     save(tmp_path, 10)
     newest = save(tmp_path, 20)
     data = (newest / "model.safetensors").read_bytes()
     (newest / "model.safetensors").write_bytes(data[: len(data) // 2])
-    assert load_newest_valid(tmp_path).path == tmp_path / "step-00000010"
-    assert (
-        "step-00000020 is corrupt (model.safetensors fails its checksum)" in capsys.readouterr().err
-    )
-    assert newest.exists()  # reported, not deleted
-    json.loads((newest / "state.json").read_text())
+    assert load_newest_valid(tmp_path).path == tmp_path / checkpoint_name(10, 0)
+    error = capsys.readouterr().err
+    assert f"{newest.name} is corrupt (model.safetensors fails its checksum)" in error
+    assert f"set aside as {newest.name}.corrupt, trying the one before" in error
+    aside = newest.with_name(newest.name + ".corrupt")
+    assert aside.is_dir() and not newest.exists()  # kept for a look, out of the way
+    assert checkpoints(tmp_path) == [tmp_path / checkpoint_name(10, 0)]
+    save(tmp_path, 20)  # training can write that point again

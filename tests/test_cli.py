@@ -131,7 +131,9 @@ def saved_run(tmp_path) -> Path:
     architecture = load_recipe("mnist_cnn").architecture_hash()
     state = {"epoch": 1, "samples_in_epoch": 0, "recipe": "mnist_cnn",
              "architecture": architecture, "framework": "torch"}  # fmt: skip
-    save_checkpoint(run_dir / "checkpoints", 100, {}, {}, state, GOOD_RECIPE, 3)
+    save_checkpoint(
+        run_dir / "checkpoints", "epoch-0001-sample-00000000", {}, {}, state, GOOD_RECIPE, 3
+    )
     return run_dir
 
 

@@ -13,6 +13,7 @@ import psutil
 import pytest
 from safetensors.numpy import load_file
 
+from hvd_train.checkpoint import checkpoint_name, checkpoints
 from tests.conftest import FRAMEWORKS
 from tests.multiprocess.conftest import HOROVODRUN, horovodrun
 
@@ -42,7 +43,7 @@ def wait_for(condition, job: subprocess.Popen, timeout: float = 300) -> None:
 
 
 def final_weights(run: Path) -> dict[str, np.ndarray]:
-    return load_file(run / "checkpoints" / f"step-{2 * STEPS:08d}" / "model.safetensors")
+    return load_file(run / "checkpoints" / checkpoint_name(2, 0) / "model.safetensors")
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -53,12 +54,12 @@ def test_killed_and_resumed_run_matches_the_uninterrupted_one(framework, mnist_d
 
     killed = tmp_path / "killed"
     job = start(*arguments, "--output-dir", str(killed))
-    halfway = killed / "checkpoints" / f"step-{STEPS:08d}"
+    halfway = killed / "checkpoints" / checkpoint_name(1, 0)
     wait_for(halfway.exists, job)
     kill_job(job)
     assert not (killed / "summary.json").exists(), "the job finished before it was killed"
     # Damage the newest checkpoint too: resuming must notice and fall back to the one before.
-    newest = sorted((killed / "checkpoints").glob("step-*"))[-1]
+    newest = checkpoints(killed / "checkpoints")[-1]
     model = newest / "model.safetensors"
     model.write_bytes(model.read_bytes()[:1000])
     resumed_output = horovodrun(

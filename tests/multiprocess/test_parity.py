@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from tests.multiprocess.conftest import STEPS, horovodrun
+from hvd_train.checkpoint import checkpoint_name
+from tests.multiprocess.conftest import horovodrun
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -18,7 +19,7 @@ pytestmark = [
 @pytest.mark.parametrize(("writer", "reader"), [("torch", "tensorflow"), ("tensorflow", "torch")])
 def test_checkpoint_scores_the_same_under_the_other_framework(writer, reader, short_run, mnist_dir):
     base, _, _ = short_run(writer)
-    checkpoint = base / "rank0" / "checkpoints" / f"step-{STEPS:08d}"
+    checkpoint = base / "rank0" / "checkpoints" / checkpoint_name(1, 0)
     metrics = (base / "rank0" / "metrics.jsonl").read_text().splitlines()
     written = next(json.loads(line) for line in metrics if '"eval"' in line)
     evaluation = ["-m", "hvd_train", "eval", "--checkpoint", str(checkpoint), "--json",

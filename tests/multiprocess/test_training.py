@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hvd_train.checkpoint import checkpoint_name
 from tests.conftest import FRAMEWORKS
 from tests.multiprocess.conftest import STEPS, horovodrun, script
 
@@ -28,7 +29,7 @@ def test_only_rank_zero_writes(first_run):
         "metrics.jsonl",
         "summary.json",
     ]
-    assert [p.name for p in (base / "rank0" / "checkpoints").iterdir()] == [f"step-{STEPS:08d}"]
+    assert [p.name for p in (base / "rank0" / "checkpoints").iterdir()] == [checkpoint_name(1, 0)]
     assert not (base / "rank1").exists()
 
 
@@ -64,12 +65,12 @@ def test_resume_continues_from_the_saved_epoch(first_run, tmp_path):
     first_loss = read_metrics(tmp_path / "rank0")[0]["loss"]
     resume = [*arguments, "--epochs", "2", "--resume"]
     output = horovodrun(script("cli_per_rank.py"), str(tmp_path), *resume).stdout
-    assert f"resuming from {tmp_path}/rank0/checkpoints/step-{STEPS:08d}" in output
+    assert f"resuming from {tmp_path}/rank0/checkpoints/{checkpoint_name(1, 0)}" in output
     metrics = read_metrics(tmp_path / "rank0")
     epoch_two = [m for m in metrics if m["epoch"] == 2]
     assert [m["step"] for m in epoch_two] == [80, 100, 120, 120]
     # Restored weights start far better than the fresh model's first steps.
     assert epoch_two[0]["loss"] < first_loss / 2
     checkpoints = sorted(p.name for p in (tmp_path / "rank0" / "checkpoints").iterdir())
-    assert checkpoints == [f"step-{STEPS:08d}", f"step-{2 * STEPS:08d}"]
+    assert checkpoints == [checkpoint_name(1, 0), checkpoint_name(2, 0)]
     assert json.loads((tmp_path / "rank0" / "summary.json").read_text())["epochs"] == 2
