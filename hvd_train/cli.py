@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint",
         type=Path,
         required=True,
-        help="a checkpoint (runs/.../checkpoints/epoch-NNNN) or a run directory (its newest)",
+        help="a checkpoint (runs/.../checkpoints/epoch-...) or a run directory (its newest)",
     )
     evaluate.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a sentence"
