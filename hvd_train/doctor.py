@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hvd_train import __version__
 from hvd_train.errors import UsageError
-from hvd_train.mnist import FILES, cache_dir, verify
+from hvd_train.mnist import FILES, cache_dir, verified_idx
 
 PACKAGES = ("hvd_train", "horovod", "torch", "tensorflow", "tensorflow-cpu", "keras")
 LOCAL_NAMES = {"localhost", "127.0.0.1", platform.node()}
@@ -100,7 +100,7 @@ def data_check(data_dir: Path | None) -> Check:
     fix = "run a training once (it fills the cache), or put the four MNIST files in --data-dir"
     try:
         for file in FILES.values():
-            verify(directory, file)
+            verified_idx(directory, file)
     except UsageError as error:
         return Check("data", False, str(error).split("; ")[0], fix)
     return Check("data", True, f"MNIST in {directory}, checksums match")

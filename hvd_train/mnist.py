@@ -257,12 +257,13 @@ def locate(data_dir: Path | None) -> Path:
     return data_dir
 
 
-def verify(directory: Path, file: MnistFile) -> None:
-    """Raises UsageError unless `directory` holds `file` with the official size and MD5."""
+def verified_idx(directory: Path, file: MnistFile) -> bytes:
+    """`file`'s IDX bytes from `directory`; a UsageError unless present with the official size
+    and MD5."""
     path = _present(directory, file)
     if path is None:
         raise UsageError(f"{directory} lacks {file.name}.gz; add the original MNIST files")
-    _verified_bytes(path, file)
+    return _verified_bytes(path, file)
 
 
 def load_mnist(data_dir: Path | None) -> Mnist:
@@ -270,9 +271,7 @@ def load_mnist(data_dir: Path | None) -> Mnist:
     directory = locate(data_dir)
     arrays = {}
     for key, file in FILES.items():
-        path = _present(directory, file)
-        assert path is not None
-        arrays[key] = _parse_idx(_verified_bytes(path, file), file)
+        arrays[key] = _parse_idx(verified_idx(directory, file), file)
 
     def normalise(images: np.ndarray) -> np.ndarray:
         return ((images.astype(np.float32) / 255.0 - MEAN) / STD)[..., np.newaxis]
