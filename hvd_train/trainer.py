@@ -168,9 +168,7 @@ class Trainer:
                 f"checkpoint {path} was written by {state['framework']}; "
                 f"resume it with --framework {state['framework']}"
             )
-        # The same share of the epoch, should the world size have changed.
-        step = min(state["samples_in_epoch"] // self.global_batch, self.steps)
-        position = Position(state["epoch"], step)
+        position = self.position_at(state["epoch"], state["samples_in_epoch"])
         if position.epoch >= self.recipe.schedule.epochs:
             raise UsageError(
                 f"the run in {self.options.output_dir} already finished {position.epoch} "
@@ -192,7 +190,7 @@ class Trainer:
         state = {
             "epoch": position.epoch,
             "step_in_epoch": position.step,
-            "samples_in_epoch": position.step * self.global_batch,
+            "samples_in_epoch": self.samples(position),
             "global_step": self.global_step(position),
             "seed": self.options.seed,
             "world_size": self.adapter.world_size,
@@ -210,7 +208,7 @@ class Trainer:
         }
         save_checkpoint(
             self.checkpoint_dir,
-            checkpoint_name(position.epoch, position.step * self.global_batch),
+            checkpoint_name(position.epoch, self.samples(position)),
             self.adapter.weights(),
             self.adapter.optimizer_state(),
             state,
@@ -222,7 +220,7 @@ class Trainer:
         """Records `position` with the model in the elastic state: a failure rolls back to here."""
         assert self.elastic_state is not None
         self.elastic_state.epoch = position.epoch
-        self.elastic_state.samples = position.step * self.global_batch
+        self.elastic_state.samples = self.samples(position)
         self.elastic_state.commit()
 
     def fit_elastic(self, start: Position) -> dict[str, Any]:
@@ -232,11 +230,17 @@ class Trainer:
         def loop(state: ElasticState) -> dict[str, Any]:
             self.elastic_state = state
             self.configure()
-            return self.fit(
-                Position(state.epoch, min(state.samples // self.global_batch, self.steps))
-            )
+            return self.fit(self.position_at(state.epoch, state.samples))
 
-        return self.adapter.run_elastic(loop, start.epoch, start.step * self.global_batch)
+        return self.adapter.run_elastic(loop, start.epoch, self.samples(start))
+
+    def samples(self, position: Position) -> int:
+        """Training samples consumed, across all ranks, in the epoch of `position`."""
+        return position.step * self.global_batch
+
+    def position_at(self, epoch: int, samples: int) -> Position:
+        """Where `samples` into `epoch` falls with this world size (it may have changed)."""
+        return Position(epoch, min(samples // self.global_batch, self.steps))
 
     def global_step(self, position: Position) -> int:
         return position.epoch * self.steps + position.step
