@@ -1,3 +1,26 @@
-"""hvd_train: Horovod data-parallel training from one recipe, under PyTorch or TensorFlow."""
+"""hvd_train: Horovod data-parallel training from one recipe, under PyTorch or TensorFlow.
 
-__version__ = "0.1.0"
+In a Python recipe or a notebook:
+
+    from hvd_train import Data, Recipe, Schedule, launch
+    recipe = Recipe(data=Data("mnist"), torch_model=my_model, schedule=Schedule(epochs=2))
+    summary = launch(recipe, np=2)
+"""
+
+__version__ = "0.2.0"
+
+from hvd_train.api import launch, train
+from hvd_train.layers import Layer
+from hvd_train.recipe import Data, Horovod, Optimizer, Recipe, Schedule
+
+__all__ = [
+    "Data",
+    "Horovod",
+    "Layer",
+    "Optimizer",
+    "Recipe",
+    "Schedule",
+    "__version__",
+    "launch",
+    "train",
+]

@@ -1,11 +1,12 @@
 """Checkpoints: one directory per save, written on rank 0 only, atomically, with checksums.
 
     checkpoints/epoch-0002-sample-00007680/
-        model.safetensors      weights in the framework-neutral layout (see adapters/base.py)
+        model.safetensors      weights in the recipe's layout: "neutral" for a TOML recipe
+                               (see layers.py), else the model's own ("torch", "keras")
         optimizer.safetensors  optimizer state in the writing framework's layout
-        recipe.toml            the recipe the model was built from
-        state.json             position (epoch, step), seed, world size, recipe, framework,
-                               and the SHA-256 of each file above
+        recipe.toml            the effective recipe (after overrides) the run trained with
+        state.json             position (epoch, step), seed, world size, recipe, layout,
+                               framework, and the SHA-256 of each file above
 
 A checkpoint is written under a temporary name, flushed, and renamed when complete, so a crash
 never leaves a half-written checkpoint. A file damaged later fails its checksum. Names sort by
@@ -147,3 +148,40 @@ def resolve_checkpoint(path: Path) -> Path:
             "pass a checkpoint (checkpoints/epoch-...) of a run, or its --output-dir"
         )
     return found[-1]
+
+
+def _describe(arrays: Arrays) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(array.shape) for name, array in arrays.items()}
+
+
+def check_weights_fit(checkpoint: Checkpoint, weights: Arrays, remedy: str) -> None:
+    """The checkpoint holds exactly the tensors of `weights` (the model's), shape for shape."""
+    saved, wanted = _describe(checkpoint.weights), _describe(weights)
+    if saved == wanted:
+        return
+    name = next(iter(sorted(set(saved) ^ set(wanted)) or
+                     [n for n in wanted if saved[n] != wanted[n]]))  # fmt: skip
+    there, here = saved.get(name, "absent"), wanted.get(name, "absent")
+    raise UsageError(
+        f"checkpoint {checkpoint.path} was written for another model (recipe "
+        f"{checkpoint.state['recipe']!r}; {name}: {there} there, {here} here); {remedy}"
+    )
+
+
+def check_layout(checkpoint: Checkpoint, framework: str, layout: str) -> None:
+    """Weights in a model's own layout load only into that model under that framework; the
+    neutral layout of TOML recipes loads under either."""
+    state = checkpoint.state
+    if state["layout"] == layout and (layout != "torch" or state["framework"] == framework):
+        return
+    if state["layout"] == "neutral" or layout == "neutral":
+        raise UsageError(
+            f"checkpoint {checkpoint.path} holds {state['layout']} weights (recipe "
+            f"{state['recipe']!r}), and this recipe's model keeps {layout} weights; use the "
+            "recipe that wrote it"
+        )
+    raise UsageError(
+        f"checkpoint {checkpoint.path} holds the {state['layout']} weights of Python recipe "
+        f"{state['recipe']!r}, written under {state['framework']}; use --framework "
+        f"{state['framework']} (only neutral TOML recipes move between frameworks)"
+    )

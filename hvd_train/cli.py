@@ -6,14 +6,13 @@ import argparse
 import json
 import os
 import sys
-import time
+import tomllib
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from hvd_train import __version__
 from hvd_train.adapters import ADAPTERS
 from hvd_train.errors import UsageError
-from hvd_train.recipe import load_recipe
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,6 +35,18 @@ def positive(kind: type) -> argparse._ActionType:
     return parse
 
 
+def setting(text: str) -> tuple[str, Any]:
+    """`section.key=value` from --set; the value is read as TOML (`2`, `0.5`, `true`,
+    `[28, 28, 1]`), or taken as a string when it is not TOML (`sgd`)."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected section.key=value, got {text!r}")
+    try:
+        return key.strip(), tomllib.loads(f"value = {value}")["value"]
+    except tomllib.TOMLDecodeError:
+        return key.strip(), value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="hvd-train",
@@ -43,6 +54,35 @@ def build_parser() -> argparse.ArgumentParser:
         "TensorFlow. Run alone, or under `horovodrun -np N` for N processes.",
     )
     parser.add_argument("--version", action="version", version=f"hvd_train {__version__}")
+    recipe = Parser(add_help=False)
+    recipe.add_argument(
+        "--recipe",
+        default="mnist_cnn",
+        help="a packaged recipe by name, a recipe file (.toml, or .py defining `recipe`; "
+        "file.py:NAME for another name), or package.module:NAME (default: %(default)s)",
+    )
+    recipe.add_argument(
+        "--set",
+        dest="settings",
+        type=setting,
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override any recipe setting, checked as the recipe file is (repeatable), e.g. "
+        "--set optimizer.momentum=0.9",
+    )
+    recipe.add_argument("--epochs", type=positive(int), help="override the recipe's epochs")
+    recipe.add_argument(
+        "--batch-size",
+        type=positive(int),
+        help="override the recipe's per-rank batch size (the global batch is this x world size)",
+    )
+    recipe.add_argument(
+        "--lr",
+        type=positive(float),
+        help="override the recipe's one-process learning rate (scaled with the world size); "
+        "the same as --set optimizer.learning_rate=LR",
+    )
     shared = Parser(add_help=False)
     shared.add_argument(
         "--framework",
@@ -59,26 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shared.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
     commands = parser.add_subparsers(
-        dest="command", metavar="{train,eval,doctor}", parser_class=Parser
+        dest="command", metavar="{train,eval,doctor,show-recipe}", parser_class=Parser
     )
     train = commands.add_parser(
-        "train", parents=[shared], help="train a recipe (the default command)"
-    )
-    train.add_argument(
-        "--recipe",
-        default="mnist_cnn",
-        help="a packaged recipe by name or a path to a recipe .toml (default: %(default)s)",
-    )
-    train.add_argument("--epochs", type=positive(int), help="override the recipe's epochs")
-    train.add_argument(
-        "--batch-size",
-        type=positive(int),
-        help="override the recipe's per-rank batch size (the global batch is this x world size)",
-    )
-    train.add_argument(
-        "--lr",
-        type=positive(float),
-        help="override the recipe's one-process learning rate (scaled with the world size)",
+        "train", parents=[shared, recipe], help="train a recipe (the default command)"
     )
     train.add_argument(
         "--seed",
@@ -146,7 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="a checkpoint (runs/.../checkpoints/epoch-...) or a run directory (its newest)",
     )
     evaluate.add_argument(
+        "--recipe",
+        help="for a Python recipe's checkpoint: the recipe, if it moved since (default: where "
+        "the checkpoint says it was)",
+    )
+    evaluate.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a sentence"
+    )
+    commands.add_parser(
+        "show-recipe",
+        parents=[shared, recipe],
+        help="print the effective recipe (after --set) as TOML, with its hash",
     )
     doctor = commands.add_parser(
         "doctor", parents=[shared], help="check what a run needs, here and on other hosts"
@@ -173,38 +207,47 @@ def run_doctor(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def run_train(args: argparse.Namespace) -> int:
-    from hvd_train.trainer import RunOptions, train
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """--set's settings, then the shorthand flags, which win."""
+    flags = {"schedule.epochs": args.epochs, "schedule.batch_size": args.batch_size,
+             "optimizer.learning_rate": args.lr}  # fmt: skip
+    return dict(args.settings) | {key: value for key, value in flags.items() if value is not None}
 
-    recipe = load_recipe(args.recipe).with_overrides(args.epochs, args.batch_size, args.lr)
-    if args.resume and args.output_dir is None:
-        raise UsageError("--resume needs --output-dir, the folder of the run to continue")
-    output_dir = args.output_dir or Path(
-        "runs", f"{recipe.name}-{args.framework}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+
+def run_train(args: argparse.Namespace) -> int:
+    from hvd_train.api import train
+
     train(
-        RunOptions(
-            recipe=recipe,
-            framework=args.framework,
-            seed=args.seed,
-            data_dir=args.data_dir,
-            output_dir=output_dir,
-            resume=args.resume,
-            log_every=args.log_every,
-            checkpoint_every=args.checkpoint_every,
-            keep_checkpoints=args.keep_checkpoints,
-            limit_steps=args.limit_steps,
-            elastic=args.elastic,
-            commit_every=args.commit_every,
-        )
+        args.recipe,
+        args.framework,
+        output_dir=args.output_dir,
+        seed=args.seed,
+        data_dir=args.data_dir,
+        resume=args.resume,
+        log_every=args.log_every,
+        checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
+        limit_steps=args.limit_steps,
+        elastic=args.elastic,
+        commit_every=args.commit_every,
+        **overrides(args),
     )
+    return 0
+
+
+def run_show_recipe(args: argparse.Namespace) -> int:
+    from hvd_train.api import resolve_recipe, with_overrides
+    from hvd_train.recipe.toml import recipe_toml
+
+    recipe = with_overrides(resolve_recipe(args.recipe, args.framework), overrides(args))
+    print(recipe_toml(recipe), end="")
     return 0
 
 
 def run_eval(args: argparse.Namespace) -> int:
     from hvd_train.evaluation import evaluate_checkpoint
 
-    result = evaluate_checkpoint(args.checkpoint, args.framework, args.data_dir)
+    result = evaluate_checkpoint(args.checkpoint, args.framework, args.data_dir, args.recipe)
     if result is None:  # not rank 0
         return 0
     if args.json:
@@ -217,7 +260,12 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": run_train, "eval": run_eval, "doctor": run_doctor}
+COMMANDS = {
+    "train": run_train,
+    "eval": run_eval,
+    "doctor": run_doctor,
+    "show-recipe": run_show_recipe,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,24 +7,33 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.adapters import Adapter, create_adapter
-from hvd_train.checkpoint import Checkpoint, load_checkpoint, resolve_checkpoint
+from hvd_train.adapters import Adapter, create_adapter, use_keras_backend
+from hvd_train.checkpoint import (
+    Checkpoint,
+    check_layout,
+    check_weights_fit,
+    load_checkpoint,
+    resolve_checkpoint,
+)
+from hvd_train.data import Dataset, load_data, take
+from hvd_train.data.sharding import eval_indices
 from hvd_train.errors import UsageError
-from hvd_train.mnist import Mnist, load_mnist
-from hvd_train.recipe import parse_recipe
-from hvd_train.sharding import eval_indices
+from hvd_train.models import build_model
+from hvd_train.recipe import Recipe, load_recipe
+from hvd_train.recipe.toml import parse_toml_recipe
 
 EVAL_BATCH_SIZE = 1000
 
 
-def evaluate(adapter: Adapter, data: Mnist) -> tuple[float, float]:
-    """Test loss and accuracy; each rank takes its own slice, so every image counts once."""
-    mine = eval_indices(len(data.test_labels), adapter.rank, adapter.world_size)
+def evaluate(adapter: Adapter, test: Dataset) -> tuple[float, float]:
+    """Test loss and accuracy with rank 0's running statistics; each rank takes its own slice,
+    so every example counts once."""
+    adapter.sync_buffers()
+    mine = eval_indices(len(test), adapter.rank, adapter.world_size)
     loss_sum, correct = 0.0, 0
     for start in range(0, len(mine), EVAL_BATCH_SIZE):
-        batch = mine[start : start + EVAL_BATCH_SIZE]
         batch_loss, batch_correct = adapter.eval_sums(
-            data.test_images[batch], data.test_labels[batch]
+            *take(test, mine[start : start + EVAL_BATCH_SIZE])
         )
         loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
     totals = adapter.allreduce_sum(np.array([loss_sum, correct, len(mine)]))
@@ -38,20 +47,34 @@ def read_checkpoint(path: Path) -> Checkpoint:
     return load_checkpoint(resolve_checkpoint(path))
 
 
-def evaluate_checkpoint(path: Path, framework: str, data_dir: Path | None) -> dict[str, Any] | None:
-    """Loads a checkpoint written by either framework into `framework` and evaluates it; the
-    result on rank 0, None on the other ranks."""
+def checkpoint_recipe(checkpoint: Checkpoint, reference: str | None) -> Recipe:
+    """The recipe that rebuilds the checkpoint's model: a neutral recipe from the effective
+    recipe saved with it; a Python recipe from its code, at `reference` if given, else where
+    it was when the checkpoint was written."""
+    state = checkpoint.state
+    if reference is None and state["layout"] == "neutral":
+        path = checkpoint.path / "recipe.toml"
+        return parse_toml_recipe(checkpoint.recipe_text, state["recipe"], str(path), path.parent)
+    return load_recipe(reference or state["recipe_source"])
+
+
+def evaluate_checkpoint(
+    path: Path, framework: str, data_dir: Path | None, recipe_reference: str | None = None
+) -> dict[str, Any] | None:
+    """Loads a checkpoint into `framework` and evaluates it; the result on rank 0, None on the
+    other ranks. Neutral checkpoints load under either framework."""
+    use_keras_backend(framework)
     adapter = create_adapter(framework)
     adapter.init()
     # Only rank 0 need see the file (hosts may not share a disk); it sends the rest the contents.
     checkpoint = adapter.on_rank_zero(lambda: read_checkpoint(path))
-    recipe = parse_recipe(
-        checkpoint.recipe_text, checkpoint.state["recipe"], str(checkpoint.path / "recipe.toml")
-    )
-    data = load_mnist(data_dir)
-    adapter.build(recipe, seed=0)
+    recipe = checkpoint_recipe(checkpoint, recipe_reference)
+    check_layout(checkpoint, framework, recipe.layout(framework))
+    data = load_data(recipe, data_dir)
+    adapter.setup(build_model(recipe, adapter, seed=0), recipe)
+    check_weights_fit(checkpoint, adapter.weights(), "evaluate it with the recipe that wrote it")
     adapter.load_weights(checkpoint.weights)
-    test_loss, accuracy = evaluate(adapter, data)
+    test_loss, accuracy = evaluate(adapter, data.test)
     if not adapter.is_rank_zero:
         return None
     return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hvd_train.recipe import ScheduleConfig
+from hvd_train.recipe.settings import Schedule
 
 
 def scaled_learning_rate(base: float, world_size: int, rule: str) -> float:
@@ -28,7 +28,7 @@ class LearningRateSchedule:
 
     @classmethod
     def from_recipe(
-        cls, schedule: ScheduleConfig, base: float, world_size: int, steps_per_epoch: int
+        cls, schedule: Schedule, base: float, world_size: int, steps_per_epoch: int
     ) -> LearningRateSchedule:
         return cls(
             base=base,

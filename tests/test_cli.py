@@ -10,9 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hvd_train.checkpoint import save_checkpoint
+from hvd_train.layers import neutral_weight_shapes
 from hvd_train.recipe import load_recipe
 from tests.conftest import FRAMEWORKS, REPO
 
@@ -36,7 +38,7 @@ def assert_usage_error(result: subprocess.CompletedProcess, message: str) -> Non
 def test_help_explains_every_flag():
     assert run("--help").returncode == 0
     train_help = run("train", "--help").stdout
-    for flag in ("--recipe", "--framework", "--epochs", "--batch-size", "--lr", "--seed",
+    for flag in ("--recipe", "--set", "--framework", "--epochs", "--batch-size", "--lr", "--seed",
                  "--data-dir", "--output-dir", "--resume", "--checkpoint-every",
                  "--keep-checkpoints", "--limit-steps", "--log-every", "--debug"):  # fmt: skip
         assert flag in train_help
@@ -48,6 +50,27 @@ def recipe_with(tmp_path: Path, old: str, new: str) -> str:
     path = tmp_path / "recipe.toml"
     path.write_text(GOOD_RECIPE.replace(old, new))
     return str(path)
+
+
+def python_recipe(tmp_path: Path, optimizer: str) -> str:
+    path = tmp_path / "mine.py"
+    path.write_text(
+        "from hvd_train import Data, Optimizer, Recipe\n"
+        f"recipe = Recipe(data=Data('mnist'), keras_model=print, optimizer={optimizer})\n"
+    )
+    return str(path)
+
+
+def npz_recipe(tmp_path: Path, labels: int | None) -> str:
+    """A recipe reading data.npz beside it, whose labels go up to `labels` - 1 (no file if
+    None)."""
+    if labels is not None:
+        np.savez(tmp_path / "data.npz", x_train=np.zeros((8, 28, 28, 1), np.uint8),
+                 y_train=np.arange(labels - 8, labels), x_test=np.zeros((4, 28, 28)),
+                 y_test=np.arange(4))  # fmt: skip
+    text = GOOD_RECIPE.replace('dataset = "mnist"', 'dataset = "npz"\npath = "data.npz"')
+    (tmp_path / "npz.toml").write_text(text)
+    return str(tmp_path / "npz.toml")
 
 
 def damaged_data(tmp_path: Path, mnist_dir: Path, damage) -> str:
@@ -80,16 +103,17 @@ def flip_a_byte(path: Path) -> None:
 #  the expected message). Rows run with --resume on a run that holds a checkpoint.
 BAD_INPUTS = [
     ("unknown framework", ["--framework", "jax"], "argument --framework: invalid choice: 'jax'"),
-    ("unknown recipe", ["--recipe", "nope"], "unknown recipe 'nope'; use one of mnist_cnn"),
+    ("unknown recipe", ["--recipe", "nope"],
+     "unknown recipe 'nope'; use one of mnist_bn, mnist_cnn"),
     ("recipe syntax error",
      lambda t, d, f: (["--recipe", recipe_with(t, "epochs = 4", "epochs = [")], {}),
      "recipe.toml: not valid TOML"),
     ("unknown layer",
      lambda t, d, f: (["--recipe", recipe_with(t, '"relu" }', '"gelu" }')], {}),
      "model.layers[1].type: unknown value 'gelu'; choose one of conv2d"),
-    ("missing hyperparameter",
-     lambda t, d, f: (["--recipe", recipe_with(t, "learning_rate = 0.001", "")], {}),
-     "optimizer.learning_rate: missing; add it to the recipe"),
+    ("missing model layers",
+     lambda t, d, f: (["--recipe", recipe_with(t, "layers = [", "layer = [")], {}),
+     "model.layer: unknown key; check its spelling"),
     ("zero hyperparameter in the recipe",
      lambda t, d, f: (["--recipe", recipe_with(t, "epochs = 4", "epochs = 0")], {}),
      "schedule.epochs: 0 is out of range; it must be positive"),
@@ -97,6 +121,27 @@ BAD_INPUTS = [
      lambda t, d, f: (["--recipe", recipe_with(t, "learning_rate = 0.001", "learning_rate = -1")],
                       {}),
      "optimizer.learning_rate: -1.0 is out of range; it must be positive"),
+    ("non-finite hyperparameter in the recipe",
+     lambda t, d, f: (["--recipe", recipe_with(t, "learning_rate = 0.001", "learning_rate = nan")],
+                      {}),
+     "optimizer.learning_rate: nan is not a finite number; give a finite value"),
+    ("override of an unknown setting", ["--set", "schedule.epoch=2"],
+     "override schedule.epoch: unknown setting; use section.key"),
+    ("override out of range", ["--set", "optimizer.momentum=1.5"],
+     "override optimizer.momentum: 1.5 is out of range; it must be below 1.0"),
+    ("override of the wrong type", ["--set", "schedule.batch_size=big"],
+     "override schedule.batch_size: expected int, got 'big'"),
+    ("override without a value", ["--set", "epochs"],
+     "argument --set: expected section.key=value, got 'epochs'"),
+    ("mistake in a Python recipe",
+     lambda t, d, f: (["--recipe", python_recipe(t, "Optimizer(learning_rate=0)")], {}),
+     "mine.py: optimizer.learning_rate: 0.0 is out of range; it must be positive"),
+    ("npz data with labels out of range",
+     lambda t, d, f: (["--recipe", npz_recipe(t, labels=12)], {}),
+     "y_train has labels from 4 to 11, outside 0 to 9; fix the labels or data.num_classes"),
+    ("npz data that does not exist",
+     lambda t, d, f: (["--recipe", npz_recipe(t, labels=None)], {}),
+     "data.npz does not exist; fix the path (it is relative to the recipe file)"),
     ("zero flag", ["--epochs", "0"], "argument --epochs: must be positive, got '0'"),
     ("negative flag", ["--lr", "-0.1"], "argument --lr: must be positive, got '-0.1'"),
     ("non-integer batch size flag", ["--batch-size", "6.5"],
@@ -128,11 +173,13 @@ BAD_INPUTS = [
 def saved_run(tmp_path) -> Path:
     """A run directory holding one checkpoint of mnist_cnn."""
     run_dir = tmp_path / "run"
-    architecture = load_recipe("mnist_cnn").architecture_hash()
-    state = {"epoch": 1, "samples_in_epoch": 0, "recipe": "mnist_cnn",
-             "architecture": architecture, "framework": "torch"}  # fmt: skip
+    recipe = load_recipe("mnist_cnn")
+    shapes = neutral_weight_shapes(recipe.layers, recipe.data.input_shape)
+    weights = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+    state = {"epoch": 1, "samples_in_epoch": 0, "recipe": "mnist_cnn", "layout": "neutral",
+             "framework": "torch"}  # fmt: skip
     save_checkpoint(
-        run_dir / "checkpoints", "epoch-0001-sample-00000000", {}, {}, state, GOOD_RECIPE, 3
+        run_dir / "checkpoints", "epoch-0001-sample-00000000", weights, {}, state, GOOD_RECIPE, 3
     )
     return run_dir
 
@@ -186,7 +233,11 @@ def test_checkpoint_of_another_recipe_is_refused(framework, mnist_dir, saved_run
     recipe = recipe_with(tmp_path, "units = 128", "units = 64")
     arguments = ["--framework", framework, "--data-dir", str(mnist_dir), "--recipe", recipe]
     result = run(*arguments, "--output-dir", str(saved_run), "--resume")
-    assert_usage_error(result, "was written for another model (recipe 'mnist_cnn')")
+    assert_usage_error(
+        result,
+        "was written for another model (recipe 'mnist_cnn'; layer7.kernel: (1024, 128) there, "
+        "(1024, 64) here); resume with that recipe",
+    )
     assert snapshot(saved_run) == before
 
 
@@ -212,3 +263,28 @@ def test_debug_shows_the_traceback():
 def test_elastic_under_tensorflow_is_refused():
     result = run("--framework", "tensorflow", "--elastic")
     assert_usage_error(result, "--elastic is not available with --framework tensorflow")
+
+
+def test_a_torch_only_recipe_under_tensorflow_is_refused(tmp_path):
+    path = tmp_path / "torch_only.py"
+    path.write_text("from hvd_train import Data, Recipe\nrecipe = Recipe(data=Data('mnist'), "
+                    "torch_model=print)\n")  # fmt: skip
+    result = run("--framework", "tensorflow", "--recipe", str(path))
+    assert_usage_error(
+        result, "recipe 'torch_only' supports torch only (its model is a torch module); use "
+        "--framework torch, or give the recipe a keras_model"
+    )  # fmt: skip
+
+
+def test_show_recipe_prints_the_effective_recipe(tmp_path):
+    result = run("show-recipe", "--recipe", "mnist_bn", "--set", "optimizer.momentum=0.5",
+                 "--epochs", "7", "--set", "horovod.fp16_compression=true")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "shown.toml"
+    path.write_text(result.stdout)
+    shown = load_recipe(str(path))
+    expected = load_recipe("mnist_bn").with_overrides(
+        {"momentum": 0.5, "epochs": 7, "fp16_compression": True}
+    )
+    assert shown.settings_table() == expected.settings_table()
+    assert f"hash {expected.recipe_hash()}" in result.stdout.splitlines()[0]

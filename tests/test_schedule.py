@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from hvd_train.recipe import ScheduleConfig
+from hvd_train.recipe import Schedule
 from hvd_train.schedule import LearningRateSchedule, scaled_learning_rate
 
 
@@ -13,7 +13,7 @@ def test_scaling_rules():
 
 
 def schedule(decay: str, warmup: float = 1.0) -> LearningRateSchedule:
-    config = ScheduleConfig(
+    config = Schedule(
         epochs=4, batch_size=64, lr_scaling="linear", warmup_epochs=warmup, decay=decay
     )
     return LearningRateSchedule.from_recipe(config, base=0.001, world_size=2, steps_per_epoch=100)

@@ -4,6 +4,7 @@ Horovod bindings and the package imports with neither framework installed."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from hvd_train.adapters.base import Adapter, Arrays
@@ -15,6 +16,13 @@ ADAPTERS = {
 }
 # Each binding loads its own copy of Horovod's core; two in one process are known to crash.
 BINDINGS = {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
+
+
+def use_keras_backend(framework: str) -> None:
+    """Makes Keras run on `framework` (torch, for a Keras model trained under torch). It takes
+    effect only before Keras is imported, so it is called before a Python recipe loads."""
+    if "keras" not in sys.modules:
+        os.environ["KERAS_BACKEND"] = framework
 
 
 def create_adapter(name: str) -> Adapter:
@@ -38,4 +46,4 @@ def create_adapter(name: str) -> Adapter:
     return adapter
 
 
-__all__ = ["ADAPTERS", "Adapter", "Arrays", "create_adapter"]
+__all__ = ["ADAPTERS", "Adapter", "Arrays", "create_adapter", "use_keras_backend"]

@@ -1,4 +1,8 @@
-"""The interface every framework adapter implements; the training loop sees only this."""
+"""The interface every framework adapter implements; the training loop sees only this.
+
+An adapter does not decide what model to train: it builds the neutral layer list when asked
+(`build_layers`), and is handed a built model in `setup`, as Lightning Fabric's strategies are.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import numpy as np
 
 from hvd_train.errors import UsageError
+from hvd_train.layers import Layer, Shape
 from hvd_train.recipe import Recipe
 
 T = TypeVar("T")
+Arrays = dict[str, np.ndarray]
 
 
 class ElasticState(Protocol):
@@ -25,16 +31,8 @@ class ElasticState(Protocol):
     def commit(self) -> None: ...
 
 
-Arrays = dict[str, np.ndarray]
-
-
 class Adapter(ABC):
-    """One framework under Horovod: device, model, wrapped optimizer, collectives.
-
-    Weights cross the interface in the framework-neutral layout: names `layer<i>.kernel` and
-    `layer<i>.bias`, where i is the layer's index in the recipe; conv kernels as (height, width,
-    in, out), dense kernels as (in, out), with flatten in channels-last order.
-    """
+    """One framework under Horovod: device, wrapped optimizer, collectives, weights."""
 
     name: ClassVar[str]
     supports_elastic: ClassVar[bool] = False
@@ -48,23 +46,39 @@ class Adapter(ABC):
         """Initialises Horovod and pins this process to its GPU or its share of CPU threads."""
 
     @abstractmethod
-    def build(self, recipe: Recipe, seed: int) -> None:
-        """Creates the model and the Horovod-wrapped optimizer described by `recipe`."""
+    def seed(self, seed: int) -> None:
+        """Seeds the framework's random numbers, before a model is built."""
+
+    @abstractmethod
+    def build_layers(self, layers: tuple[Layer, ...], input_shape: Shape) -> Any:
+        """The neutral layer list as a model of this framework."""
+
+    @abstractmethod
+    def setup(self, model: Any, recipe: Recipe) -> None:
+        """Takes the model to train: moves it to the device and wraps the recipe's optimizer
+        with Horovod. Checkpoints hold its weights in `recipe.layout(self.name)`."""
 
     @abstractmethod
     def broadcast_state(self, include_optimizer: bool) -> None:
         """Makes every rank hold rank 0's weights (and optimizer state, if asked)."""
 
     @abstractmethod
-    def train_step(
-        self, images: np.ndarray, labels: np.ndarray, learning_rate: float, seed: int
-    ) -> float:
+    def sync_buffers(self) -> None:
+        """Gives every rank rank 0's non-trained state (batchnorm's running statistics), as
+        torch's DDP does before each forward pass; called before evaluating."""
+
+    @abstractmethod
+    def train_step(self, x: np.ndarray, y: np.ndarray, learning_rate: float, seed: int) -> float:
         """One forward/backward pass with gradients averaged across ranks; the local loss.
         `seed` seeds this step's dropout."""
 
     @abstractmethod
-    def logits(self, images: np.ndarray) -> np.ndarray:
-        """The model's outputs before the final softmax, in inference mode."""
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """The model's outputs (before any softmax), in inference mode."""
+
+    @abstractmethod
+    def eval_sums(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+        """The recipe's loss summed over one local batch, and the number of correct answers."""
 
     @abstractmethod
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
@@ -80,11 +94,11 @@ class Adapter(ABC):
 
     @abstractmethod
     def weights(self) -> Arrays:
-        """The model's weights in the framework-neutral layout."""
+        """The model's weights (and running statistics) in the checkpoint layout."""
 
     @abstractmethod
     def load_weights(self, weights: Arrays) -> None:
-        """Loads weights in the framework-neutral layout."""
+        """Loads what `weights` returned; every tensor must be there."""
 
     @abstractmethod
     def optimizer_state(self) -> Arrays:
@@ -117,17 +131,16 @@ class Adapter(ABC):
             raise UsageError(message)
         return result
 
-    def eval_sums(self, images: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
-        """Summed cross-entropy and number of correct predictions over one local batch."""
-        logits = self.logits(images).astype(np.float64)
-        shifted = logits - logits.max(axis=1, keepdims=True)
-        log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-        loss = -log_probabilities[np.arange(len(labels)), labels].sum()
-        return float(loss), int((logits.argmax(axis=1) == labels).sum())
-
     def allreduce_mean(self, values: np.ndarray) -> np.ndarray:
         return self.allreduce_sum(values) / self.world_size
 
     def threads_per_rank(self) -> int:
         """This process's share of the CPU cores, so ranks on one host do not oversubscribe it."""
         return max(1, len(os.sched_getaffinity(0)) // self.local_size)
+
+
+def model_type_error(recipe: Recipe, builder: str, expected: str, model: Any) -> UsageError:
+    return UsageError(
+        f"{recipe.source}: {builder}() returned {type(model).__name__}, not {expected}; "
+        f"return the model from {builder}"
+    )

@@ -13,6 +13,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads: fewer runtime logs
 
+from collections.abc import Callable
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -20,39 +21,20 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.adapters.base import Adapter, Arrays
-from hvd_train.recipe import Layer, Recipe
+from hvd_train.adapters import keras_models
+from hvd_train.adapters.base import Adapter, Arrays, model_type_error
+from hvd_train.layers import Layer, Shape
+from hvd_train.recipe import Recipe
+from hvd_train.recipe.settings import Optimizer
 
 
-def build_model(recipe: Recipe) -> keras.Sequential:
-    """The recipe's layers, named `layer<i>` by their index in the recipe; the final softmax is
-    left to the loss (cross-entropy on logits is the numerically stable form). Keras's own
-    layouts (kernels (h, w, in, out) and (in, out), channels-last) are the neutral layout."""
-    layers: list[Any] = [keras.Input(recipe.input_shape)]
-    layers += [_layer(layer, index) for index, layer in enumerate(recipe.layers[:-1])]
-    return keras.Sequential(layers, name="model")
+def cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_mean(
+        keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    )
 
 
-def _layer(layer: Layer, index: int) -> keras.layers.Layer:
-    name, params = f"layer{index}", layer.params
-    match layer.type:
-        case "conv2d":
-            return keras.layers.Conv2D(params["filters"], params["kernel_size"], name=name)
-        case "maxpool2d":
-            return keras.layers.MaxPooling2D(params["pool_size"], name=name)
-        case "dropout":
-            return keras.layers.Dropout(params["rate"], name=name)
-        case "flatten":
-            return keras.layers.Flatten(name=name)
-        case "dense":
-            return keras.layers.Dense(params["units"], name=name)
-        case "relu":
-            return keras.layers.ReLU(name=name)
-    raise ValueError(f"no Keras layer for {layer.type!r}")
-
-
-def _optimizer(recipe: Recipe) -> keras.optimizers.Optimizer:
-    config = recipe.optimizer
+def _optimizer(config: Optimizer) -> keras.optimizers.Optimizer:
     lr = config.learning_rate
     if config.name == "sgd":
         return keras.optimizers.SGD(lr, momentum=config.momentum)
@@ -76,10 +58,20 @@ class TensorFlowAdapter(Adapter):
             tf.config.threading.set_intra_op_parallelism_threads(self.threads_per_rank())
             tf.config.threading.set_inter_op_parallelism_threads(self.threads_per_rank())
 
-    def build(self, recipe: Recipe, seed: int) -> None:
+    def seed(self, seed: int) -> None:
         keras.utils.set_random_seed(seed)
-        self.model = build_model(recipe)
-        self.optimizer = _optimizer(recipe)
+
+    def build_layers(self, layers: tuple[Layer, ...], input_shape: Shape) -> keras.Model:
+        return keras_models.build_layers(layers, input_shape)
+
+    def setup(self, model: Any, recipe: Recipe) -> None:
+        if not isinstance(model, keras.Model):
+            raise model_type_error(recipe, "keras_model", "a Keras model", model)
+        self.model, self.layout = model, recipe.layout(self.name)
+        self.loss: Callable[[Any, Any], tf.Tensor] = (
+            cross_entropy if recipe.loss == "cross_entropy" else recipe.loss  # type: ignore[assignment]
+        )
+        self.optimizer = _optimizer(recipe.optimizer)
         # Slots exist from the start, so the first broadcast covers them too.
         self.optimizer.build(self.model.trainable_variables)
         config = recipe.optimizer
@@ -96,12 +88,10 @@ class TensorFlowAdapter(Adapter):
             for v in self.model.trainable_variables
             if self.passes_per_step > 1
         ]
-        self.seed_generators = [
-            layer.seed_generator for layer in self.model.layers if hasattr(layer, "seed_generator")
-        ]
+        self.seed_states = keras_models.seed_states(model)
         self._compiled_step = tf.function(self._step, reduce_retracing=True)
         self._compiled_logits = tf.function(
-            lambda images: self.model(images, training=False), reduce_retracing=True
+            lambda x: self.model(x, training=False), reduce_retracing=True
         )
 
     def broadcast_state(self, include_optimizer: bool) -> None:
@@ -110,22 +100,26 @@ class TensorFlowAdapter(Adapter):
         variables = self.model.variables + self.optimizer.variables
         hvd.broadcast_variables([v.value for v in variables], root_rank=0)
 
-    def train_step(
-        self, images: np.ndarray, labels: np.ndarray, learning_rate: float, seed: int
-    ) -> float:
-        for generator in self.seed_generators:
-            generator.state.assign(np.array([seed, 0], dtype=generator.state.dtype))
-        self.optimizer.learning_rate = learning_rate
+    def sync_buffers(self) -> None:
+        buffers = [v.value for v in self.model.non_trainable_weights]
+        if buffers:
+            hvd.broadcast_variables(buffers, root_rank=0)
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, learning_rate: float, seed: int) -> float:
         self.passes += 1
         apply = self.passes % self.passes_per_step == 0
-        return float(self._compiled_step(images, labels, apply))
+        loss = self._compiled_step(
+            x, y, tf.constant(learning_rate, tf.float32), tf.constant(seed, tf.int64), apply
+        )
+        return float(loss)
 
-    def _step(self, images: tf.Tensor, labels: tf.Tensor, apply: bool) -> tf.Tensor:
+    def _step(
+        self, x: tf.Tensor, y: tf.Tensor, learning_rate: tf.Tensor, seed: tf.Tensor, apply: bool
+    ) -> tf.Tensor:
+        for index, state in enumerate(self.seed_states):
+            state.assign(tf.cast(tf.stack([seed, index]), state.dtype))
         with tf.GradientTape() as tape:
-            logits = self.model(images, training=True)
-            loss = tf.reduce_mean(
-                keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-            )
+            loss = self.loss(self.model(x, training=True), y)
         gradients = tape.gradient(loss, self.model.trainable_variables)
         if self.accumulators:  # several backward passes per step: average them locally first
             for total, gradient in zip(self.accumulators, gradients, strict=True):
@@ -135,6 +129,7 @@ class TensorFlowAdapter(Adapter):
             gradients = [tf.identity(total) for total in self.accumulators]
             for total in self.accumulators:
                 total.assign(tf.zeros_like(total))
+        self.optimizer.learning_rate.assign(learning_rate)
         self._apply_averaged(gradients)
         return loss
 
@@ -147,8 +142,13 @@ class TensorFlowAdapter(Adapter):
             gradients = [g + self.l2 * v for g, v in zip(gradients, variables, strict=True)]
         self.optimizer.apply_gradients(zip(gradients, variables, strict=True))
 
-    def logits(self, images: np.ndarray) -> np.ndarray:
-        return self._compiled_logits(images).numpy()
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return self._compiled_logits(x).numpy()
+
+    def eval_sums(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+        logits = self._compiled_logits(x)
+        loss = float(self.loss(logits, tf.constant(y))) * len(y)
+        return loss, int(tf.reduce_sum(tf.cast(tf.argmax(logits, axis=1) == y, tf.int32)))
 
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         tensor = tf.constant(np.asarray(values, dtype=np.float64))
@@ -161,28 +161,19 @@ class TensorFlowAdapter(Adapter):
         return list(hvd.allgather_object(value))
 
     def weights(self) -> Arrays:
-        return {
-            f"{layer.name}.{kind}": getattr(layer, kind).numpy()
-            for layer in self.model.layers
-            if layer.weights
-            for kind in ("kernel", "bias")
-        }
+        return keras_models.weights(self.model, self.layout)
 
     def load_weights(self, weights: Arrays) -> None:
-        for name, array in weights.items():
-            layer, kind = name.split(".")
-            getattr(self.model.get_layer(layer), kind).assign(array)
+        keras_models.load_weights(self.model, self.layout, weights)
 
     def optimizer_state(self) -> Arrays:
-        """Every optimizer variable (iteration count, slots), keyed by its Keras path."""
-        return {_slot_name(v): np.asarray(v.numpy()) for v in self.optimizer.variables}
+        """Every optimizer variable (iteration count, learning rate, slots), keyed by its index
+        in the optimizer's list: Keras's own names hold per-process unique layer names."""
+        return {f"{i:04d}": np.asarray(v.numpy()) for i, v in enumerate(self.optimizer.variables)}
 
     def load_optimizer_state(self, state: Arrays) -> None:
-        for variable in self.optimizer.variables:
-            variable.assign(state[_slot_name(variable)])
-
-
-def _slot_name(variable: keras.Variable) -> str:
-    """The variable's path without the optimizer's own name, which Keras makes unique per
-    process ('adam', 'adam_1', ...): 'adam/model_layer0_kernel_momentum' -> the part after '/'."""
-    return str(variable.path).split("/", 1)[1]
+        variables = self.optimizer.variables
+        if sorted(state) != [f"{i:04d}" for i in range(len(variables))]:
+            raise ValueError(f"{len(state)} optimizer tensors for {len(variables)} variables")
+        for index, variable in enumerate(variables):
+            variable.assign(state[f"{index:04d}"])

@@ -1,8 +1,13 @@
-"""PyTorch under Horovod."""
+"""PyTorch under Horovod.
+
+The model is a `torch.nn.Module`: built from the neutral layer list, a recipe's own module, or a
+Keras 3 model on Keras's torch backend (whose layers are torch modules too). Either way
+Horovod's torch `DistributedOptimizer` averages the gradients of its trainable parameters.
+"""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -12,66 +17,84 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_train.adapters.base import Adapter, Arrays, ElasticState, T
+from hvd_train.adapters import torch_layers
+from hvd_train.adapters.base import Adapter, Arrays, ElasticState, T, model_type_error
+from hvd_train.layers import Layer, Shape
 from hvd_train.recipe import Recipe
+from hvd_train.recipe.settings import Optimizer
 
 
-class ChannelsLastFlatten(nn.Module):
-    """Flattens (N, C, H, W) in (H, W, C) order, the framework-neutral order of the recipe."""
+class TorchModule:
+    """A torch module as the adapter drives it. Images arrive channels-last (N, H, W, C) and
+    are handed to the module as torch's (N, C, H, W)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x.permute(0, 2, 3, 1) if x.dim() == 4 else x).flatten(1)
+    def __init__(self, module: nn.Module, layers: tuple[Layer, ...]) -> None:
+        self.module, self.layers = module, layers  # layers: the neutral list it was built from
 
+    def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+        self.module.train(training)
+        return self.module(x.permute(0, 3, 1, 2) if x.dim() == 4 else x)
 
-def build_model(recipe: Recipe) -> nn.Sequential:
-    """The recipe's layers, named by their index in the recipe; the final softmax is left to
-    the loss (cross-entropy on logits is the numerically stable form)."""
-    height, width, channels = recipe.input_shape
-    features = channels * height * width
-    modules: dict[str, nn.Module] = {}
-    for index, layer in enumerate(recipe.layers[:-1]):
-        params = layer.params
-        match layer.type:
-            case "conv2d":
-                modules[str(index)] = nn.Conv2d(channels, params["filters"], params["kernel_size"])
-                channels = params["filters"]
-                height -= params["kernel_size"] - 1
-                width -= params["kernel_size"] - 1
-            case "maxpool2d":
-                modules[str(index)] = nn.MaxPool2d(params["pool_size"])
-                height //= params["pool_size"]
-                width //= params["pool_size"]
-            case "flatten":
-                modules[str(index)] = ChannelsLastFlatten()
-                features = channels * height * width
-            case "dense":
-                modules[str(index)] = nn.Linear(features, params["units"])
-                features = params["units"]
-            case "dropout":
-                modules[str(index)] = nn.Dropout(params["rate"])
-            case "relu":
-                modules[str(index)] = nn.ReLU()
-    return nn.Sequential(OrderedDict(modules))
+    def reseed(self, seed: int) -> None:
+        torch.manual_seed(seed)
 
+    def trainable(self) -> list[tuple[str, torch.Tensor]]:
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
 
-def to_neutral(name: str, tensor: torch.Tensor) -> tuple[str, np.ndarray]:
-    """('3.weight', conv weight (out, in, h, w)) -> ('layer3.kernel', (h, w, in, out))."""
-    index, kind = name.split(".")
-    array = tensor.detach().cpu().numpy()
-    if kind == "weight":
-        array = array.transpose(2, 3, 1, 0) if array.ndim == 4 else array.T
-    return f"layer{index}.{'kernel' if kind == 'weight' else 'bias'}", array.copy(order="C")
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return dict(self.module.named_buffers())
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return self.module.state_dict()
+
+    def weights(self) -> Arrays:
+        state = self.module.state_dict()
+        if self.layers:
+            return torch_layers.to_neutral(self.layers, state)
+        return {name: tensor.detach().cpu().numpy().copy() for name, tensor in state.items()}
+
+    def load_weights(self, weights: Arrays) -> None:
+        current = self.module.state_dict()
+        if self.layers:
+            state = torch_layers.from_neutral(self.layers, weights, current)
+        else:
+            state = {name: torch.from_numpy(array) for name, array in weights.items()}
+        self.module.load_state_dict(state, strict=True)
 
 
-def from_neutral(name: str, array: np.ndarray) -> tuple[str, torch.Tensor]:
-    """The inverse of `to_neutral`."""
-    layer, kind = name.split(".")
-    if kind == "kernel":
-        array = array.transpose(3, 2, 0, 1) if array.ndim == 4 else array.T
-    return (
-        f"{layer.removeprefix('layer')}.{'weight' if kind == 'kernel' else 'bias'}",
-        torch.from_numpy(np.ascontiguousarray(array)),
-    )
+class KerasOnTorch:
+    """A Keras 3 model on Keras's torch backend: channels-last inputs, Keras's `training` flag
+    and seed generators, and its weights in the "keras" layout."""
+
+    def __init__(self, model: Any) -> None:
+        from hvd_train.adapters import keras_models
+
+        self.module, self.models = model, keras_models
+        self.seed_states = keras_models.seed_states(model)
+
+    def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+        output: torch.Tensor = self.module(x, training=training)
+        return output
+
+    def reseed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        for index, state in enumerate(self.seed_states):
+            state.assign(np.array([seed, index], dtype=state.dtype))
+
+    def trainable(self) -> list[tuple[str, torch.Tensor]]:
+        return [(v.path, v.value) for v in self.module.trainable_variables]
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return {v.path: v.value for v in self.module.non_trainable_weights}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {v.path: v.value for v in self.module.weights}
+
+    def weights(self) -> Arrays:
+        return self.models.weights(self.module, "keras")
+
+    def load_weights(self, weights: Arrays) -> None:
+        self.models.load_weights(self.module, "keras", weights)
 
 
 class TorchAdapter(Adapter):
@@ -92,18 +115,40 @@ class TorchAdapter(Adapter):
             torch.set_num_threads(self.threads_per_rank())
             self.device = torch.device("cpu")
 
-    def build(self, recipe: Recipe, seed: int) -> None:
+    def seed(self, seed: int) -> None:
+        # Keras's initialisers draw their seeds from Python's random. (keras.utils.
+        # set_random_seed would do the same, but imports TensorFlow to seed it as well.)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
-        self.model = build_model(recipe).to(self.device)
+
+    def build_layers(self, layers: tuple[Layer, ...], input_shape: Shape) -> nn.Module:
+        return torch_layers.build_layers(layers, input_shape)
+
+    def setup(self, model: Any, recipe: Recipe) -> None:
+        layout = recipe.layout(self.name)
+        self.net: TorchModule | KerasOnTorch
+        if layout == "keras":
+            if not isinstance(model, nn.Module):
+                raise model_type_error(recipe, "keras_model", "a Keras model", model)
+            self.net = KerasOnTorch(model)
+        else:
+            if not isinstance(model, nn.Module):
+                raise model_type_error(recipe, "torch_model", "a torch.nn.Module", model)
+            self.net = TorchModule(model.to(self.device), recipe.layers)
+        self.loss: Callable[[Any, Any], torch.Tensor] = (
+            F.cross_entropy if recipe.loss == "cross_entropy" else recipe.loss  # type: ignore[assignment]
+        )
         self.clip_norm = recipe.optimizer.gradient_clip_norm
         self.passes_per_step = recipe.horovod.backward_passes_per_step
         self.passes = 0
         compression = (
             hvd.Compression.fp16 if recipe.horovod.fp16_compression else hvd.Compression.none
         )
+        trainable = self.net.trainable()
         self.optimizer = hvd.DistributedOptimizer(
-            _optimizer(recipe, self.model.parameters()),
-            named_parameters=self.model.named_parameters(),
+            _optimizer(recipe.optimizer, [p for _, p in trainable]),
+            named_parameters=trainable,
             compression=compression,
             backward_passes_per_step=self.passes_per_step,
         )
@@ -113,20 +158,18 @@ class TorchAdapter(Adapter):
         # step (which moves weights under weight decay): broadcast it only when it was loaded.
         if include_optimizer:
             hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
-        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        hvd.broadcast_parameters(self.net.state(), root_rank=0)
 
-    def _inputs(self, images: np.ndarray) -> torch.Tensor:
-        # NHWC from the data pipeline to the NCHW that torch's convolutions expect.
-        return torch.from_numpy(images).to(self.device).permute(0, 3, 1, 2)
+    def sync_buffers(self) -> None:
+        hvd.broadcast_parameters(self.net.buffers(), root_rank=0)
 
-    def train_step(
-        self, images: np.ndarray, labels: np.ndarray, learning_rate: float, seed: int
-    ) -> float:
-        torch.manual_seed(seed)
-        self.model.train()
-        loss = F.cross_entropy(
-            self.model(self._inputs(images)), torch.from_numpy(labels).to(self.device)
-        )
+    def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, learning_rate: float, seed: int) -> float:
+        self.net.reseed(seed)
+        inputs, labels = self._tensors(x, y)
+        loss = self.loss(self.net.forward(inputs, training=True), labels)
         # With several backward passes per step, gradients accumulate: average them.
         (loss / self.passes_per_step).backward()
         self.passes += 1
@@ -143,14 +186,21 @@ class TorchAdapter(Adapter):
             return
         # Clip the averaged gradients, not the local ones: finish the allreduce first.
         self.optimizer.synchronize()
-        nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+        nn.utils.clip_grad_norm_([p for _, p in self.net.trainable()], self.clip_norm)
         with self.optimizer.skip_synchronize():
             self.optimizer.step()
 
     @torch.no_grad()
-    def logits(self, images: np.ndarray) -> np.ndarray:
-        self.model.eval()
-        return self.model(self._inputs(images)).cpu().numpy()
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        inputs = torch.from_numpy(x).to(self.device)
+        return self.net.forward(inputs, training=False).cpu().numpy()
+
+    @torch.no_grad()
+    def eval_sums(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+        inputs, labels = self._tensors(x, y)
+        logits = self.net.forward(inputs, training=False)
+        loss = float(self.loss(logits, labels)) * len(labels)
+        return loss, int((logits.argmax(dim=1) == labels).sum())
 
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         tensor = torch.from_numpy(np.asarray(values, dtype=np.float64))
@@ -164,17 +214,16 @@ class TorchAdapter(Adapter):
 
     def run_elastic(self, loop: Callable[[ElasticState], T], epoch: int, samples: int) -> T:
         state = hvd.elastic.TorchState(
-            model=self.model, optimizer=self.optimizer, epoch=epoch, samples=samples
+            model=self.net.module, optimizer=self.optimizer, epoch=epoch, samples=samples
         )
         state.register_reset_callbacks([self._pin])  # the world changed: new rank, new share
         return hvd.elastic.run(loop)(state)
 
     def weights(self) -> Arrays:
-        return dict(to_neutral(name, tensor) for name, tensor in self.model.state_dict().items())
+        return self.net.weights()
 
     def load_weights(self, weights: Arrays) -> None:
-        state = dict(from_neutral(name, array) for name, array in weights.items())
-        self.model.load_state_dict(state)
+        self.net.load_weights(weights)
 
     def optimizer_state(self) -> Arrays:
         """Each parameter's state tensors, keyed `<param index>.<name>` (`0.exp_avg`, ...)."""
@@ -194,13 +243,10 @@ class TorchAdapter(Adapter):
         self.optimizer.load_state_dict({"state": entries, "param_groups": current["param_groups"]})
 
 
-def _optimizer(recipe: Recipe, parameters: Any) -> torch.optim.Optimizer:
-    config = recipe.optimizer
-    lr = config.learning_rate
+def _optimizer(config: Optimizer, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
+    lr, decay = config.learning_rate, config.weight_decay
     if config.name == "sgd":
-        return torch.optim.SGD(
-            parameters, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay
-        )
+        return torch.optim.SGD(parameters, lr=lr, momentum=config.momentum, weight_decay=decay)
     if config.name == "adam":
-        return torch.optim.Adam(parameters, lr=lr, weight_decay=config.weight_decay)
-    return torch.optim.AdamW(parameters, lr=lr, weight_decay=config.weight_decay)
+        return torch.optim.Adam(parameters, lr=lr, weight_decay=decay)
+    return torch.optim.AdamW(parameters, lr=lr, weight_decay=decay)

@@ -1,9 +1,11 @@
 """Runs one framework's adapter in its own process (so pytest never loads a Horovod binding)
 and saves what the layout tests compare.
 
-usage: probe.py FRAMEWORK DATA_DIR WEIGHTS.safetensors OUT.npz
-Saves `weights.<name>` after loading WEIGHTS, `logits` for the first 32 test images, and
-`optimizer.<name>` before and `restored.<name>` after an optimizer-state round trip.
+usage: probe.py FRAMEWORK RECIPE DATA_DIR WEIGHTS.safetensors OUT.npz
+Saves `weights.<name>` after loading WEIGHTS, `logits` for the first 32 test examples, the
+framework's own count of trained numbers, `stepped.<name>` after a step at learning rate 0,
+and `optimizer.<name>` before and `restored.<name>`
+after an optimizer-state round trip.
 """
 
 import sys
@@ -13,26 +15,41 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from hvd_train.adapters import create_adapter
-from hvd_train.mnist import load_mnist
+from hvd_train.data import load_data, take
+from hvd_train.models import build_model
 from hvd_train.recipe import load_recipe
 
-framework, data_dir, weights_path, out = sys.argv[1:5]
-recipe = load_recipe("mnist_cnn")
-data = load_mnist(Path(data_dir))
-adapter = create_adapter(framework)
-adapter.init()
-adapter.build(recipe, seed=0)
+framework, reference, data_dir, weights_path, out = sys.argv[1:6]
+recipe = load_recipe(reference)
+data = load_data(recipe, Path(data_dir))
+
+
+def ready_adapter(seed: int):
+    adapter = create_adapter(framework)
+    adapter.init()
+    adapter.setup(build_model(recipe, adapter, seed), recipe)
+    return adapter
+
+
+adapter = ready_adapter(seed=0)
 adapter.load_weights(load_file(weights_path))
 saved = {f"weights.{name}": array for name, array in adapter.weights().items()}
-saved["logits"] = adapter.logits(data.test_images[:32])
+images, _ = take(data.test, np.arange(32))
+saved["logits"] = adapter.logits(images)
+if framework == "torch":
+    trained = sum(p.numel() for _, p in adapter.net.trainable())
+else:
+    trained = sum(int(np.prod(v.shape)) for v in adapter.model.trainable_weights)
+saved["trained_parameters"] = np.array(trained)
+
+# One step at learning rate 0 moves only batchnorm's running statistics.
+adapter.train_step(*take(data.train, np.arange(64)), 0.0, 0)
+saved |= {f"stepped.{name}": array for name, array in adapter.weights().items()}
 
 for step in range(2):  # give the optimizer some state
-    batch = slice(64 * step, 64 * (step + 1))
-    adapter.train_step(data.train_images[batch], data.train_labels[batch], 0.001, step)
+    adapter.train_step(*take(data.train, np.arange(64 * step, 64 * (step + 1))), 0.001, step)
 state = adapter.optimizer_state()
-fresh = create_adapter(framework)
-fresh.init()
-fresh.build(recipe, seed=1)
+fresh = ready_adapter(seed=1)
 fresh.load_optimizer_state(state)
 saved |= {f"optimizer.{name}": array for name, array in state.items()}
 saved |= {f"restored.{name}": array for name, array in fresh.optimizer_state().items()}

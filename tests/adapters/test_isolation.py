@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.conftest import FRAMEWORKS
+from tests.conftest import FRAMEWORKS, REPO
 
 BINDINGS = {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
 
@@ -49,3 +49,18 @@ def test_an_adapter_refuses_to_load_beside_the_other_binding(framework):
     result = python(code)
     assert result.returncode != 0
     assert f"RuntimeError: {BINDINGS[other]} is loaded already" in result.stderr
+
+
+@pytest.mark.torch
+def test_a_keras_model_under_torch_never_loads_tensorflow(mnist_dir, tmp_path):
+    recipe = REPO / "recipes" / "examples" / "mnist_resnet_keras.py"
+    arguments = ["--framework", "torch", "--recipe", str(recipe), "--data-dir", str(mnist_dir),
+                 "--limit-steps", "2", "--output-dir", str(tmp_path)]  # fmt: skip
+    code = (
+        "import sys\nfrom hvd_train.cli import main\n"
+        f"assert main({arguments!r}) == 0\n"
+        "import keras\nprint(keras.backend.backend(), 'tensorflow' in sys.modules)"
+    )
+    result = python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "torch False"

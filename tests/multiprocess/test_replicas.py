@@ -83,3 +83,23 @@ def test_two_ranks_take_the_step_one_process_takes_on_both_batches(framework, mn
     assert differ(reference, start)
     for rank in range(2):
         assert_same(load(tmp_path / f"trained-2-{rank}.npz"), reference, atol=1e-6)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_batchnorm_statistics_stay_local_until_rank_zeros_are_handed_out(
+    framework, mnist_dir, tmp_path
+):
+    # As under torch's DDP: each rank's running statistics follow its own batches, and before
+    # evaluating every rank takes rank 0's, so all ranks evaluate the same model.
+    horovodrun(script("worker.py"), framework, "mnist_bn", str(mnist_dir), str(tmp_path), "3")
+    trained = [load(tmp_path / f"trained-2-{rank}.npz") for rank in range(2)]
+    synced = [load(tmp_path / f"synced-2-{rank}.npz") for rank in range(2)]
+    running = [name for name in trained[0] if "moving" in name]
+    assert len(running) == 10
+    for name in trained[0]:
+        if name in running:
+            assert not np.array_equal(trained[0][name], trained[1][name]), name
+        else:
+            assert np.array_equal(trained[0][name], trained[1][name]), name
+    assert_same(synced[0], trained[0])
+    assert_same(synced[1], trained[0])

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from hvd_train.data.sharding import epoch_order, eval_indices, shard_batches, steps_per_epoch
 from hvd_train.errors import UsageError
-from hvd_train.sharding import epoch_order, eval_indices, shard_batches, steps_per_epoch
 
 
 @pytest.mark.parametrize(

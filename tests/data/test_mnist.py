@@ -3,7 +3,7 @@ import shutil
 import numpy as np
 import pytest
 
-from hvd_train import mnist
+from hvd_train.data import mnist
 from hvd_train.errors import UsageError
 
 
@@ -22,12 +22,12 @@ def data_copy(tmp_path, mnist_dir):
 
 def test_real_mnist_loads_normalised_with_official_label_counts(mnist_dir):
     data = mnist.load_mnist(mnist_dir)
-    assert data.train_images.shape == (60000, 28, 28, 1)
-    assert data.test_images.shape == (10000, 28, 28, 1)
-    assert data.train_images.dtype == np.float32
-    assert abs(float(data.train_images.mean())) < 0.01
-    assert abs(float(data.train_images.std()) - 1.0) < 0.01
-    assert np.bincount(data.train_labels).tolist() == [
+    assert data.train.x.shape == (60000, 28, 28, 1)
+    assert data.test.x.shape == (10000, 28, 28, 1)
+    assert data.train.x.dtype == np.float32
+    assert abs(float(data.train.x.mean())) < 0.01
+    assert abs(float(data.train.x.std()) - 1.0) < 0.01
+    assert np.bincount(data.train.y).tolist() == [
         5923,
         6742,
         5958,
@@ -39,7 +39,7 @@ def test_real_mnist_loads_normalised_with_official_label_counts(mnist_dir):
         5851,
         5949,
     ]
-    assert np.bincount(data.test_labels).tolist() == [
+    assert np.bincount(data.test.y).tolist() == [
         980,
         1135,
         1032,
@@ -58,7 +58,7 @@ def test_uncompressed_files_are_accepted(data_copy):
         gz = data_copy / f"{file.name}.gz"
         (data_copy / file.name).write_bytes(__import__("gzip").decompress(gz.read_bytes()))
         gz.unlink()
-    assert mnist.load_mnist(data_copy).test_labels[:3].tolist() == [7, 2, 1]
+    assert mnist.load_mnist(data_copy).test.y[:3].tolist() == [7, 2, 1]
 
 
 def test_wrong_checksum_is_detected(data_copy):
@@ -92,7 +92,7 @@ def test_download_from_a_mirror_fills_the_cache(cache, mnist_dir, monkeypatch):
     monkeypatch.setenv(
         "HVD_TRAIN_MNIST_MIRRORS", f"file://{cache.parent}/no-such-mirror file://{mnist_dir}"
     )
-    assert mnist.load_mnist(None).train_labels.shape == (60000,)
+    assert mnist.load_mnist(None).train.y.shape == (60000,)
     assert sorted(p.name for p in cache.iterdir()) == sorted(
         f"{f.name}.gz" for f in mnist.FILES.values()
     )

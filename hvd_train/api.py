@@ -1,0 +1,188 @@
+"""The Python API: `train` inside a job (each rank calls it), `launch` to start the ranks.
+
+    import hvd_train
+    summary = hvd_train.launch("recipes/examples/mnist_resnet_torch.py", np=2, epochs=1)
+
+One run, in the order the data flows: recipe (+ overrides) -> framework adapter -> data on
+every rank, checked to agree -> model, handed to the adapter -> the loop -> checkpoints and
+metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from hvd_train import __version__
+from hvd_train.adapters import Adapter, create_adapter, use_keras_backend
+from hvd_train.checkpoint import checkpoints
+from hvd_train.data import Splits, load_data
+from hvd_train.errors import UsageError
+from hvd_train.models import build_model
+from hvd_train.progress import Position
+from hvd_train.recipe import Recipe, load_recipe
+from hvd_train.trainer import RunOptions, Trainer
+
+
+def train(
+    recipe: str | Recipe,
+    framework: str = "torch",
+    *,
+    output_dir: str | Path | None = None,
+    seed: int = 42,
+    data_dir: str | Path | None = None,
+    resume: bool = False,
+    log_every: int = 50,
+    checkpoint_every: int | None = None,
+    keep_checkpoints: int = 3,
+    limit_steps: int | None = None,
+    elastic: bool = False,
+    commit_every: int = 10,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Trains `recipe` (a `Recipe`, or a reference as `--recipe` takes it) on this rank, alone
+    or as one of the ranks horovodrun started; the run's summary (written by rank 0).
+
+    `overrides` replace recipe settings by key: `epochs=2`, `learning_rate=0.01`, or any key
+    of the recipe's tables (`backward_passes_per_step=2`); the keywords before them are the
+    CLI's flags of the same names.
+    """
+    recipe = with_overrides(resolve_recipe(recipe, framework), overrides)
+    recipe.check_framework(framework)
+    adapter = create_adapter(framework)
+    if elastic and not adapter.supports_elastic:
+        raise UsageError(
+            f"--elastic is not available with --framework {framework}: Horovod's elastic "
+            "state for TensorFlow targets Keras 2; use --framework torch, or drop --elastic and "
+            "rely on --resume"
+        )
+    if resume and output_dir is None:
+        raise UsageError("--resume needs --output-dir, the folder of the run to continue")
+    adapter.init()
+    default_dir = Path("runs", f"{recipe.name}-{framework}-{time.strftime('%Y%m%d-%H%M%S')}")
+    options = RunOptions(
+        framework=framework,
+        # Rank 0's choice of folder, so that a new rank 0 after an elastic reset uses it too.
+        output_dir=Path(adapter.broadcast_object(output_dir or default_dir)),
+        seed=seed,
+        data_dir=Path(data_dir) if data_dir is not None else None,
+        resume=resume,
+        log_every=log_every,
+        checkpoint_every=checkpoint_every,
+        keep_checkpoints=keep_checkpoints,
+        limit_steps=limit_steps,
+        elastic=elastic,
+        commit_every=commit_every,
+    )
+    return run(adapter, recipe, options)
+
+
+def resolve_recipe(recipe: str | Recipe, framework: str) -> Recipe:
+    """The recipe object; a reference is loaded with Keras set to run on `framework`."""
+    use_keras_backend(framework)
+    return load_recipe(recipe) if isinstance(recipe, str) else recipe
+
+
+def with_overrides(recipe: Recipe, overrides: dict[str, Any]) -> Recipe:
+    """`recipe` with `overrides` applied; a bad one is named as an override."""
+    try:
+        return recipe.with_overrides(overrides)
+    except UsageError as error:
+        raise UsageError(f"override {error}") from None
+
+
+def run(adapter: Adapter, recipe: Recipe, options: RunOptions) -> dict[str, Any]:
+    """One training job on this rank, once Horovod is initialised."""
+    data = load_data_on_every_rank(adapter, recipe, options)
+    adapter.on_rank_zero(lambda: prepare_output_dir(options.output_dir, options.resume))
+    adapter.setup(build_model(recipe, adapter, options.seed), recipe)
+    trainer = Trainer(adapter, data, recipe, options)
+    start = adapter.on_rank_zero(trainer.load_snapshot) if options.resume else Position(0, 0)
+    if options.elastic:  # the elastic state broadcasts rank 0's model and position itself
+        return trainer.fit_elastic(start)
+    adapter.broadcast_state(include_optimizer=options.resume)
+    return trainer.fit(start)
+
+
+def load_data_on_every_rank(adapter: Adapter, recipe: Recipe, options: RunOptions) -> Splits:
+    """Loads the data on every rank, then checks that all ranks agree on what they run, so a
+    mismatch (or a rank without data) stops the job with a message instead of a hang."""
+    data, problem = None, None
+    try:
+        data = load_data(recipe, options.data_dir)
+    except UsageError as error:
+        problem = str(error)
+    facts = {
+        "hvd_train version": __version__,
+        "framework": options.framework,
+        "recipe": recipe.recipe_hash(),
+        "seed": options.seed,
+        "training examples": None if data is None else len(data.train),
+        "test examples": None if data is None else len(data.test),
+    }
+    check_ranks_agree(adapter, problem, facts)
+    assert data is not None
+    return data
+
+
+def check_ranks_agree(adapter: Adapter, problem: str | None, facts: dict[str, Any]) -> None:
+    """Stops every rank at once if any rank has a `problem` or `facts` that differ from rank
+    0's, naming the rank and the difference."""
+    everyone = adapter.allgather_object((problem, facts))
+    for rank, (rank_problem, rank_facts) in enumerate(everyone):
+        if rank_problem is not None:
+            raise UsageError(
+                f"rank {rank}: {rank_problem}" if adapter.world_size > 1 else rank_problem
+            )
+        for key, value in rank_facts.items():
+            if value != everyone[0][1][key]:
+                raise UsageError(
+                    f"rank {rank} disagrees with rank 0 on the {key} ({value!r} vs "
+                    f"{everyone[0][1][key]!r}); run the same hvd_train, recipe, flags and data "
+                    "on every host"
+                )
+
+
+def prepare_output_dir(output_dir: Path, resume: bool) -> None:
+    """Creates the run directory; refuses to write over an earlier run's checkpoints."""
+    try:
+        (output_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        probe = output_dir / f".write-test-{time.time_ns()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise UsageError(
+            f"cannot write to output directory {output_dir} ({error.strerror}); "
+            "choose another --output-dir"
+        ) from None
+    if not resume and checkpoints(output_dir / "checkpoints"):
+        raise UsageError(
+            f"{output_dir} already holds checkpoints; pass --resume to continue that run "
+            "or choose another --output-dir"
+        )
+
+
+def _train_rank(recipe: str | Recipe, framework: str, options: dict[str, Any]) -> dict[str, Any]:
+    """What `launch` runs in each rank."""
+    return train(recipe, framework, **options)
+
+
+def launch(
+    recipe: str | Recipe,
+    np: int = 2,
+    framework: str = "torch",
+    *,
+    hosts: str | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Starts `np` ranks with Horovod's own `horovod.run` (Gloo; on this machine, or on
+    `hosts` as horovodrun's -H takes them) and trains `recipe` in each; rank 0's summary.
+    `options` are `train`'s keywords and overrides."""
+    import horovod
+
+    results = horovod.run(
+        _train_rank, args=(recipe, framework, options), np=np, hosts=hosts, use_gloo=True
+    )
+    summary: dict[str, Any] = results[0]
+    return summary

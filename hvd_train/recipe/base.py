@@ -1,0 +1,155 @@
+"""The recipe: what to train (data, model, loss) and how (optimizer, schedule, Horovod).
+
+One `Recipe` type, made two ways: from a framework-neutral TOML file (`recipe/toml.py`), whose
+model is a list of layers that both frameworks build, or in Python (`recipe/python.py`), whose
+model comes from the user's own function for torch and/or Keras. It is checked once, when made;
+everything downstream trusts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hvd_train.errors import UsageError
+from hvd_train.layers import Layer, checked_layers
+from hvd_train.recipe.settings import (
+    KEY_SECTIONS,
+    LOSSES,
+    Data,
+    Horovod,
+    Optimizer,
+    Schedule,
+    Settings,
+)
+
+FRAMEWORKS = ("torch", "tensorflow")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A training recipe. In a Python recipe file:
+
+        recipe = Recipe(data=Data("mnist"), torch_model=build, schedule=Schedule(epochs=2))
+
+    `data`: a `Data` table, or a function returning `((x_train, y_train), (x_test, y_test))`
+    (arrays, or objects with `len()` whose `[indices]` gives `(x, y)`).
+    The model: `layers` (the neutral list; both frameworks), or `torch_model` (a function
+    returning a `torch.nn.Module`) and/or `keras_model` (returning a Keras 3 model, which
+    trains under TensorFlow and, on Keras's torch backend, under torch too).
+    `loss`: "cross_entropy" on the model's logits, or a function `(logits, labels) -> mean
+    loss` in the framework's own tensors.
+    """
+
+    data: Data | Callable[[], Any]
+    layers: tuple[Layer, ...] = ()
+    torch_model: Callable[[], Any] | None = None
+    keras_model: Callable[[], Any] | None = None
+    loss: str | Callable[[Any, Any], Any] = "cross_entropy"
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    schedule: Schedule = field(default_factory=Schedule)
+    horovod: Horovod = field(default_factory=Horovod)
+    description: str = ""
+    name: str = "recipe"  # set by the loader: the file's or object's name
+    source: str = ""  # set by the loader: where the recipe came from
+    code_hash: str = ""  # set by the loader of a Python recipe: its code's hash
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data, Data) and not callable(self.data):
+            raise UsageError(
+                "data: expected Data(...) or a function returning "
+                "((x_train, y_train), (x_test, y_test))"
+            )
+        builders = (self.torch_model, self.keras_model)
+        if bool(self.layers) == any(builders):
+            raise UsageError(
+                "model: give either layers (the neutral list) or torch_model and/or keras_model"
+            )
+        if not all(builder is None or callable(builder) for builder in builders):
+            raise UsageError("model: torch_model and keras_model must be functions returning one")
+        if not callable(self.loss) and self.loss not in LOSSES:
+            raise UsageError(
+                f"model.loss: unknown value {self.loss!r}; choose one of {', '.join(LOSSES)} "
+                "or give a function"
+            )
+        for table, cls in ((self.optimizer, Optimizer), (self.schedule, Schedule),
+                           (self.horovod, Horovod)):  # fmt: skip
+            if not isinstance(table, cls):
+                raise UsageError(f"{cls.section}: expected {cls.__name__}(...), got {table!r}")
+        if self.layers:
+            if not isinstance(self.data, Data):
+                raise UsageError("model.layers: need data given as Data(...) to check shapes")
+            assert self.data.input_shape is not None and self.data.num_classes is not None
+            layers = checked_layers(self.layers, self.data.input_shape, self.data.num_classes)
+            object.__setattr__(self, "layers", layers)
+
+    @property
+    def frameworks(self) -> tuple[str, ...]:
+        """The frameworks this recipe's model can be built under."""
+        if self.layers or self.keras_model:
+            return FRAMEWORKS
+        return ("torch",)
+
+    def layout(self, framework: str) -> str:
+        """How checkpoints hold this model's weights under `framework`: "neutral" (moves
+        between frameworks), or the model's own: "torch" (state_dict) or "keras" (weights)."""
+        if self.layers:
+            return "neutral"
+        if self.torch_model is not None and (framework == "torch" or self.keras_model is None):
+            return "torch"
+        return "keras"
+
+    def check_framework(self, framework: str) -> None:
+        if framework not in self.frameworks:
+            raise UsageError(
+                f"recipe {self.name!r} supports {' and '.join(self.frameworks)} only (its model "
+                f"is a torch module); use --framework {self.frameworks[0]}, or give the recipe "
+                "a keras_model"
+            )
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Recipe:
+        """The recipe with settings replaced: keys `section.key` or just `key` (they are
+        unique), checked exactly as the recipe's own values are."""
+        tables: dict[str, dict[str, Any]] = {}
+        for key, value in overrides.items():
+            section, _, name = key.rpartition(".")
+            section = section or KEY_SECTIONS.get(name, "")
+            if KEY_SECTIONS.get(name) != section:
+                raise UsageError(
+                    f"{key}: unknown setting; use section.key with a key of the README's "
+                    "recipe table, like schedule.epochs"
+                )
+            tables.setdefault(section, {})[name] = value
+        changes: dict[str, Any] = {}
+        for section, values in tables.items():
+            current = getattr(self, section)
+            if not isinstance(current, Settings):
+                raise UsageError(f"{section}: this recipe's data is a Python function, not a table")
+            changes[section] = dataclasses.replace(current, **values)  # type: ignore[type-var]
+        return dataclasses.replace(self, **changes)
+
+    def settings_table(self) -> dict[str, Any]:
+        """The effective recipe as TOML tables: what a checkpoint records it trained with."""
+        python = f"python recipe {self.source}"
+        model: dict[str, Any] = {"loss": self.loss if isinstance(self.loss, str) else python}
+        if self.layers:
+            model["layers"] = [{"type": layer.type, **layer.params} for layer in self.layers]
+        else:
+            model["python"] = self.source
+        table = {
+            "description": self.description,
+            "data": self.data.table() if isinstance(self.data, Data) else {"python": python},
+            "model": model,
+        }
+        for section in ("optimizer", "schedule", "horovod"):
+            table[section] = getattr(self, section).table()
+        return table
+
+    def recipe_hash(self) -> str:
+        """A short hash of every setting (overrides included) and of a Python recipe's code."""
+        text = json.dumps([self.settings_table(), self.code_hash], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,169 @@
+"""A recipe's settings tables: every key, its type, its default and its range, in one place.
+
+The same checks run on a TOML table, on a Python recipe's arguments and on a `--set` override,
+so a mistake reads the same wherever it was made: `optimizer.learning_rate: -1.0 is out of
+range; it must be positive`. The loaders put the recipe's file in front.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from hvd_train.errors import UsageError
+from hvd_train.rules import Rule
+
+DATASETS = ("mnist", "npz", "synthetic")
+LOSSES = ("cross_entropy",)
+OPTIMIZERS = ("sgd", "adam", "adamw")
+LR_SCALING = ("linear", "sqrt", "none")
+DECAYS = ("none", "cosine")
+MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10
+
+
+def setting(default: Any = dataclasses.MISSING, **rule: Any) -> Any:
+    """A settings field with its default and the `Rule` its values must obey."""
+    return field(default=default, metadata={"rule": Rule(**rule)})
+
+
+class Settings:
+    """A table of settings; checks every value it is given when it is made."""
+
+    section: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        for item in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, item.name)
+            if "rule" in item.metadata and value is not None:
+                checked = item.metadata["rule"].check(f"{self.section}.{item.name}", value)
+                object.__setattr__(self, item.name, checked)
+
+    def fail(self, key: str, problem: str) -> UsageError:
+        return UsageError(f"{self.section}.{key}: {problem}")
+
+    def table(self) -> dict[str, Any]:
+        """The settings as a TOML table: every key that has a value."""
+        return {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in dataclasses.asdict(self).items()  # type: ignore[call-overload]
+            if value is not None
+        }
+
+
+@dataclass(frozen=True)
+class Data(Settings):
+    """Where the examples come from: `mnist`; `npz`, the user's arrays in a file (`path`,
+    relative to the recipe); or `synthetic`, generated on the fly."""
+
+    section = "data"
+    dataset: str = setting(kind=str, choices=DATASETS)
+    input_shape: tuple[int, int, int] | None = None  # height, width, channels
+    num_classes: int | None = setting(None, kind=int, positive=True)
+    path: str | None = setting(None, kind=str)
+    train_samples: int | None = setting(None, kind=int, positive=True)
+    test_samples: int | None = setting(None, kind=int, positive=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.input_shape is not None:
+            shape = self.input_shape
+            if not (
+                isinstance(shape, list | tuple)
+                and len(shape) == 3
+                and all(type(x) is int and x > 0 for x in shape)
+            ):
+                raise self.fail(
+                    "input_shape", "expected [height, width, channels], three positive integers"
+                )
+            object.__setattr__(self, "input_shape", tuple(shape))
+        getattr(self, f"_check_{self.dataset}")()
+
+    def _only_for(self, dataset: str, *keys: str) -> None:
+        for key in keys:
+            if getattr(self, key) is not None:
+                raise self.fail(key, f"only used with dataset = {dataset!r}; remove it")
+
+    def _check_mnist(self) -> None:
+        self._only_for("npz", "path")
+        self._only_for("synthetic", "train_samples", "test_samples")
+        fixed: dict[str, Any] = {"input_shape": MNIST_SHAPE, "num_classes": MNIST_CLASSES}
+        for key, value in fixed.items():
+            if getattr(self, key) not in (None, value):
+                shown = list(value) if isinstance(value, tuple) else value
+                raise self.fail(key, f"MNIST's is {shown}; leave it out or give that")
+        object.__setattr__(self, "input_shape", MNIST_SHAPE)
+        object.__setattr__(self, "num_classes", MNIST_CLASSES)
+
+    def _check_npz(self) -> None:
+        self._only_for("synthetic", "train_samples", "test_samples")
+        for key in ("path", "input_shape", "num_classes"):
+            if getattr(self, key) is None:
+                raise self.fail(key, "missing; npz data needs it (the file is checked against it)")
+
+    def _check_synthetic(self) -> None:
+        self._only_for("npz", "path")
+        defaults = {"input_shape": MNIST_SHAPE, "num_classes": MNIST_CLASSES,
+                    "train_samples": 60000, "test_samples": 10000}  # fmt: skip
+        for key, default in defaults.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, default)
+
+
+@dataclass(frozen=True)
+class Optimizer(Settings):
+    """The optimizer. For `sgd` and `adam`, `weight_decay` is an L2 term added to the gradient
+    (torch's meaning); `adamw` decays decoupled. `gradient_clip_norm` 0 turns clipping off."""
+
+    section = "optimizer"
+    name: str = setting("adam", kind=str, choices=OPTIMIZERS)
+    learning_rate: float = setting(0.001, kind=float, positive=True)  # for one process
+    momentum: float = setting(0.0, kind=float, minimum=0.0, below=1.0)
+    weight_decay: float = setting(0.0, kind=float, minimum=0.0)
+    gradient_clip_norm: float = setting(0.0, kind=float, minimum=0.0)
+
+
+@dataclass(frozen=True)
+class Schedule(Settings):
+    """Epochs, the per-rank batch, and the learning rate over time: scaled with the world size,
+    warmed up linearly from the one-process rate, then decayed."""
+
+    section = "schedule"
+    epochs: int = setting(1, kind=int, positive=True)
+    batch_size: int = setting(64, kind=int, positive=True)  # per rank
+    lr_scaling: str = setting("linear", kind=str, choices=LR_SCALING)
+    warmup_epochs: float = setting(0.0, kind=float, minimum=0.0)
+    decay: str = setting("none", kind=str, choices=DECAYS)
+
+
+@dataclass(frozen=True)
+class Horovod(Settings):
+    """How gradients travel: as fp16, and after how many local backward passes."""
+
+    section = "horovod"
+    fp16_compression: bool = setting(False, kind=bool)
+    backward_passes_per_step: int = setting(1, kind=int, positive=True)
+
+
+SECTIONS: dict[str, type[Settings]] = {
+    cls.section: cls for cls in (Data, Optimizer, Schedule, Horovod)
+}
+# Every key's section, so an override may name a key alone (`epochs=2`): the names are unique.
+KEY_SECTIONS = {
+    item.name: section
+    for section, cls in SECTIONS.items()
+    for item in dataclasses.fields(cls)  # type: ignore[arg-type]
+}
+
+
+def make_settings(cls: type[Settings], table: dict[str, Any]) -> Any:
+    """`cls` made from a TOML table or overrides: unknown keys are refused by name."""
+    known = {item.name for item in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise UsageError(
+            f"{cls.section}.{unknown[0]}: unknown key; check its spelling against the README"
+        )
+    if cls is Data and "dataset" not in table:
+        raise UsageError("data.dataset: missing; add it to the recipe")
+    return cls(**table)

@@ -1,0 +1,67 @@
+"""Synthetic data and a Python recipe's own data, behind the same Dataset interface."""
+
+import numpy as np
+import pytest
+
+from hvd_train.data import load_data, take
+from hvd_train.data.synthetic import load_synthetic
+from hvd_train.errors import UsageError
+from hvd_train.recipe import Data, Recipe
+
+
+def test_synthetic_data_is_the_same_for_any_batching_and_learnable():
+    splits = load_synthetic(Data("synthetic", train_samples=500, test_samples=100))
+    assert len(splits.train) == 500 and len(splits.test) == 100
+    whole_x, whole_y = splits.train[np.arange(500)]
+    part_x, part_y = splits.train[np.array([7, 3, 499])]
+    assert whole_x.shape == (500, 28, 28, 1) and whole_x.dtype == np.float32
+    assert np.array_equal(part_x, whole_x[[7, 3, 499]]) and np.array_equal(
+        part_y, whole_y[[7, 3, 499]]
+    )
+    assert sorted(np.unique(whole_y)) == list(range(10))
+    test_x, _ = splits.test[np.arange(100)]
+    assert not np.isin(test_x[:, 0, 0, 0], whole_x[:, 0, 0, 0]).any()  # other examples
+    # The nearest class prototype names the label: the data allows ~100% accuracy.
+    prototypes = splits.train.prototypes.reshape(10, -1)
+    distances = ((whole_x.reshape(500, 1, -1) - prototypes) ** 2).sum(axis=2)
+    assert (distances.argmin(axis=1) == whole_y).mean() > 0.99
+
+
+def recipe_with(data) -> Recipe:
+    return Recipe(data=data, torch_model=lambda: None, source="mine.py:recipe")
+
+
+def test_a_python_recipes_arrays_and_objects_become_datasets():
+    class Squares:
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, indices):
+            return np.asarray(indices, np.float64) ** 2, np.asarray(indices) % 2
+
+    x = np.arange(12, dtype=np.float64).reshape(6, 2)
+    splits = load_data(recipe_with(lambda: ((x, np.arange(6) % 3), Squares())), None)
+    batch_x, batch_y = take(splits.train, np.array([1, 4]))
+    assert batch_x.dtype == np.float32 and np.array_equal(batch_x, x[[1, 4]])
+    assert batch_y.dtype == np.int64 and batch_y.tolist() == [1, 1]
+    assert take(splits.test, np.array([3]))[0].tolist() == [9.0] and len(splits.test) == 5
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        (None, "data() returned NoneType; return ((x_train, y_train), (x_test, y_test))"),
+        ((1, 2, 3), "data() returned tuple"),
+        (((np.zeros((3, 2)), np.zeros(2, int)), (np.zeros((1, 2)), np.zeros(1, int))),
+         "data()'s train part has 3 examples and labels of int64 [2]"),
+        (((np.zeros((3, 2)), np.zeros(3)), (np.zeros((1, 2)), np.zeros(1, int))),
+         "give one integer label per example"),
+        (((np.zeros((3, 2)), np.zeros(3, int)), 7), "data()'s test part is int"),
+        (((np.zeros((0, 2)), np.zeros(0, int)), (np.zeros((1, 2)), np.zeros(1, int))),
+         "data()'s train part is empty"),
+    ],
+)  # fmt: skip
+def test_a_wrong_return_from_a_python_recipes_data_is_one_line(returned, message):
+    with pytest.raises(UsageError) as error:
+        load_data(recipe_with(lambda: returned), None)
+    assert str(error.value).startswith("mine.py:recipe: ") and message in str(error.value)

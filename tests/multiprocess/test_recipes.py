@@ -1,0 +1,122 @@
+"""Recipes beyond MNIST's TOML under the real `horovodrun -np 2`: the user's own arrays (npz),
+and every Python example under each framework it supports."""
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import FRAMEWORKS, REPO
+from tests.multiprocess.conftest import horovodrun
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(1200)]
+
+EXAMPLES = REPO / "recipes" / "examples"
+# Every example under each framework it supports (a torch module: torch; Keras: both).
+EXAMPLE_RUNS = [
+    pytest.param("mnist_resnet_torch.py", "torch", marks=pytest.mark.torch),
+    pytest.param("mnist_resnet_keras.py", "torch", marks=pytest.mark.torch),
+    pytest.param("mnist_resnet_keras.py", "tensorflow", marks=pytest.mark.tensorflow),
+]
+NPZ_RECIPE = """
+[data]
+dataset = "npz"
+path = "arrays.npz"          # beside this file
+input_shape = [12, 12, 1]
+num_classes = 4
+
+[model]
+layers = [
+  { type = "conv2d", filters = 8, kernel_size = 3, padding = "same" },
+  { type = "relu" },
+  { type = "maxpool2d", pool_size = 2 },
+  { type = "flatten" },
+  { type = "dense", units = 4 },
+  { type = "softmax" },
+]
+
+[optimizer]
+learning_rate = 0.005
+
+[schedule]
+epochs = 2
+batch_size = 32
+"""
+
+
+def write_learnable_npz(path: Path) -> None:
+    """Four classes of 12x12 images: a bright 4x4 square in one of the four corners, on noise.
+    The data allows 100% accuracy."""
+    rng = np.random.default_rng(1)
+    arrays = {}
+    for part, count in (("train", 3000), ("test", 600)):
+        labels = rng.integers(0, 4, count)
+        images = rng.integers(0, 80, (count, 12, 12, 1))
+        for label, (row, col) in enumerate([(1, 1), (1, 7), (7, 1), (7, 7)]):
+            images[labels == label, row : row + 4, col : col + 4] += 150
+        arrays[f"x_{part}"], arrays[f"y_{part}"] = images.astype(np.uint8), labels
+    np.savez(path, **arrays)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_an_npz_recipe_trains_to_what_the_data_allows(framework, tmp_path):
+    write_learnable_npz(tmp_path / "arrays.npz")
+    (tmp_path / "mine.toml").write_text(NPZ_RECIPE)
+    output = tmp_path / "run"
+    horovodrun("-m", "hvd_train", "--recipe", str(tmp_path / "mine.toml"), "--framework",
+               framework, "--output-dir", str(output))  # fmt: skip
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.98, summary
+
+
+def test_the_example_list_covers_every_example():
+    assert {p.values[0] for p in EXAMPLE_RUNS} == {p.name for p in EXAMPLES.glob("*.py")}
+
+
+@pytest.fixture(scope="session")
+def example_run(mnist_dir, tmp_path_factory):
+    """One epoch of an example under horovodrun -np 2, once per session: its run directory."""
+
+    @functools.cache
+    def run(example: str, framework: str) -> Path:
+        output = tmp_path_factory.mktemp(f"{Path(example).stem}-{framework}")
+        horovodrun("-m", "hvd_train", "--recipe", str(EXAMPLES / example),
+                   "--framework", framework, "--data-dir", str(mnist_dir),
+                   "--output-dir", str(output))  # fmt: skip
+        return output
+
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("example", "framework"), EXAMPLE_RUNS)
+def test_every_example_reaches_98_percent_after_one_epoch(example, framework, example_run):
+    summary = json.loads((example_run(example, framework) / "summary.json").read_text())
+    print(f"{example} under {framework}: {summary}")
+    assert summary["epochs"] == 1 and summary["world_size"] == 2
+    assert summary["test_accuracy"] >= 0.98
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.tensorflow
+@pytest.mark.parametrize(("writer", "reader"), [("torch", "tensorflow"), ("tensorflow", "torch")])
+def test_a_keras_models_checkpoint_scores_the_same_under_the_other_framework(
+    writer, reader, example_run, mnist_dir
+):
+    run = example_run("mnist_resnet_keras.py", writer)
+    command = [sys.executable, "-m", "hvd_train", "eval", "--checkpoint", str(run), "--json",
+               "--framework", reader, "--data-dir", str(mnist_dir)]  # fmt: skip
+    result = json.loads(
+        subprocess.run(
+            command, capture_output=True, text=True, check=True, timeout=600
+        ).stdout.splitlines()[-1]
+    )
+    written = json.loads((run / "summary.json").read_text())
+    assert result["written_by"] == writer and result["framework"] == reader
+    assert abs(result["test_accuracy"] - written["test_accuracy"]) <= 0.0005
+    assert result["test_loss"] == pytest.approx(written["test_loss"], abs=1e-4)

@@ -1,0 +1,99 @@
+"""Python recipes: found by file or module, named, hashed, and every mistake in their
+settings reported as a TOML recipe's would be, naming the file."""
+
+import sys
+
+import pytest
+
+from hvd_train.errors import UsageError
+from hvd_train.recipe import is_python_reference, load_recipe
+
+GOOD = """
+from hvd_train import Data, Optimizer, Recipe, Schedule
+
+def model():
+    raise AssertionError("not built in these tests")
+
+recipe = Recipe(data=Data("synthetic"), torch_model=model, optimizer=OPTIMIZER,
+                schedule=Schedule(epochs=2))
+"""
+
+
+def write(tmp_path, text: str, name: str = "mine.py", optimizer: str = "Optimizer()") -> str:
+    path = tmp_path / name
+    path.write_text(text.replace("OPTIMIZER", optimizer))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("reference", "python"),
+    [("mnist_cnn", False), ("my.toml", False), ("dir/my.toml", False), ("r.py", True),
+     ("dir/r.py:other", True), ("package.module:recipe", True), ("package.module", True)],
+)  # fmt: skip
+def test_references_to_python_code_are_told_apart(reference, python):
+    assert is_python_reference(reference) is python
+
+
+def test_a_recipe_file_loads_with_its_name_source_and_code_hash(tmp_path):
+    recipe = load_recipe(write(tmp_path, GOOD))
+    assert recipe.name == "mine" and recipe.source == f"{tmp_path / 'mine.py'}:recipe"
+    assert recipe.schedule.epochs == 2 and recipe.frameworks == ("torch",)
+    assert recipe.layout("torch") == "torch"
+    changed = load_recipe(write(tmp_path, GOOD + "\n# a change\n", name="other.py"))
+    assert changed.code_hash != recipe.code_hash
+    assert changed.recipe_hash() != recipe.recipe_hash()
+
+
+def test_another_object_by_name_and_a_module_by_import(tmp_path, monkeypatch):
+    text = GOOD + "\nsmall = Recipe(data=Data('synthetic'), keras_model=model)\n"
+    path = write(tmp_path, text, name="recipes_mod.py")
+    small = load_recipe(f"{path}:small")
+    assert small.frameworks == ("torch", "tensorflow") and small.layout("torch") == "keras"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_recipe("recipes_mod:small").source == "recipes_mod:small"
+    sys.modules.pop("recipes_mod", None)
+
+
+@pytest.mark.parametrize(
+    ("text", "optimizer", "message"),
+    [
+        (GOOD, "Optimizer(learning_rate=-1)",
+         "mine.py: optimizer.learning_rate: -1.0 is out of range; it must be positive"),
+        (GOOD, "Optimizer(name='adagrad')", "mine.py: optimizer.name: unknown value 'adagrad'"),
+        (GOOD, "Optimizer(momentum=float('nan'))",
+         "mine.py: optimizer.momentum: nan is not a finite number"),
+        (GOOD, "{'name': 'sgd'}", "mine.py: optimizer: expected Optimizer(...)"),
+        (GOOD.replace("torch_model=model", "torch_model=model, layers=[1]"), "Optimizer()",
+         "mine.py: model: give either layers (the neutral list) or torch_model"),
+        (GOOD.replace("torch_model=model, ", ""), "Optimizer()", "mine.py: model: give either"),
+        (GOOD.replace("torch_model=model", "torch_model=model, loss='mse'"), "Optimizer()",
+         "mine.py: model.loss: unknown value 'mse'"),
+        (GOOD.replace('data=Data("synthetic")', "data=3"), "Optimizer()",
+         "mine.py: data: expected Data(...) or a function"),
+        (GOOD.replace('Data("synthetic")', 'Data("npz")'), "Optimizer()",
+         "mine.py: data.path: missing; npz data needs it"),
+        (GOOD.replace("recipe =", "something ="), "Optimizer()",
+         "mine.py: recipe is nothing, not a hvd_train.Recipe; define recipe = "),
+        (GOOD.replace("recipe = Recipe(", "recipe = dict("), "Optimizer()",
+         "mine.py: recipe is a dict, not a hvd_train.Recipe"),
+        (GOOD + "\nif True\n", "Optimizer()", "mine.py:10: expected ':'; fix the recipe's syntax"),
+    ],
+)  # fmt: skip
+def test_mistakes_in_a_python_recipe_are_one_line_naming_the_file(
+    tmp_path, text, optimizer, message
+):
+    with pytest.raises(UsageError, match=None) as error:
+        load_recipe(write(tmp_path, text, optimizer=optimizer))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_missing_recipe_file_and_module():
+    with pytest.raises(UsageError, match="cannot read recipe nowhere.py: no such file"):
+        load_recipe("nowhere.py")
+    with pytest.raises(UsageError, match="cannot import recipe module 'no_such_package.x'"):
+        load_recipe("no_such_package.x:recipe")
+
+
+def test_an_error_in_the_recipes_own_code_keeps_its_traceback(tmp_path):
+    with pytest.raises(ZeroDivisionError):
+        load_recipe(write(tmp_path, "1 / 0\n"))
