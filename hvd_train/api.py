@@ -16,21 +16,30 @@ from typing import Any
 
 from hvd_train import __version__
 from hvd_train.adapters import Adapter, create_adapter, use_keras_backend
-from hvd_train.checkpoint import checkpoints
+from hvd_train.checkpoint import Checkpoint, checkpoints, remove_partial
 from hvd_train.data import Splits, load_data
 from hvd_train.errors import UsageError
 from hvd_train.models import build_model
 from hvd_train.progress import Position
 from hvd_train.recipe import Recipe, load_recipe
+from hvd_train.resume import (
+    check_same_run,
+    read_resume_point,
+    resumed_option,
+    saved_framework,
+    saved_recipe,
+)
 from hvd_train.trainer import RunOptions, Trainer
+
+DEFAULT_RECIPE, DEFAULT_FRAMEWORK, DEFAULT_SEED = "mnist_cnn", "torch", 42
 
 
 def train(
-    recipe: str | Recipe,
-    framework: str = "torch",
+    recipe: str | Recipe | None = None,
+    framework: str | None = None,
     *,
     output_dir: str | Path | None = None,
-    seed: int = 42,
+    seed: int | None = None,
     data_dir: str | Path | None = None,
     resume: bool = False,
     log_every: int = 50,
@@ -41,15 +50,28 @@ def train(
     commit_every: int = 10,
     **overrides: Any,
 ) -> dict[str, Any]:
-    """Trains `recipe` (a `Recipe`, or a reference as `--recipe` takes it) on this rank, alone
-    or as one of the ranks horovodrun started; the run's summary (written by rank 0).
+    """Trains `recipe` (a `Recipe`, or a reference as `--recipe` takes it; mnist_cnn if none)
+    on this rank, alone or as one of the ranks horovodrun started; the run's summary (written
+    by rank 0). Defaults: framework torch, seed 42.
 
     `overrides` replace recipe settings by key: `epochs=2`, `learning_rate=0.01`, or any key
     of the recipe's tables (`backward_passes_per_step=2`); the keywords before them are the
-    CLI's flags of the same names.
+    CLI's flags of the same names. With `resume`, the recipe, seed and framework are the
+    checkpoint's, and what is given must agree with them but for more epochs.
     """
-    recipe = with_overrides(resolve_recipe(recipe, framework), overrides)
-    recipe.check_framework(framework)
+    if resume and output_dir is None:
+        raise UsageError("--resume needs --output-dir, the folder of the run to continue")
+    if elastic and output_dir is None:
+        raise UsageError(
+            "--elastic needs --output-dir, a folder that every host sees (a shared file "
+            "system), so that whichever worker is rank 0 writes to the same run"
+        )
+    if resume:
+        framework = framework or saved_framework(Path(str(output_dir)))
+    framework = framework or DEFAULT_FRAMEWORK
+    if not resume:  # a new run's mistakes show before Horovod starts
+        recipe = with_overrides(resolve_recipe(recipe or DEFAULT_RECIPE, framework), overrides)
+        recipe.check_framework(framework)
     adapter = create_adapter(framework)
     if elastic and not adapter.supports_elastic:
         raise UsageError(
@@ -57,15 +79,25 @@ def train(
             "state for TensorFlow targets Keras 2; use --framework torch, or drop --elastic and "
             "rely on --resume"
         )
-    if resume and output_dir is None:
-        raise UsageError("--resume needs --output-dir, the folder of the run to continue")
     adapter.init()
+    checkpoint = None
+    if resume:
+        # Elastic: every rank reads the checkpoint itself (a joining worker runs this too, and
+        # must not wait in a collective here); otherwise rank 0 reads and tells the others.
+        everywhere = elastic
+        checkpoint, state, recipe_text = read_resume_point(
+            adapter, Path(str(output_dir)), everywhere
+        )
+        recipe = resumed_recipe(state, recipe_text, recipe, framework, overrides)
+        seed = resumed_option(state, "--seed", seed)
+        limit_steps = resumed_option(state, "--limit-steps", limit_steps)
+    assert isinstance(recipe, Recipe)
     default_dir = Path("runs", f"{recipe.name}-{framework}-{time.strftime('%Y%m%d-%H%M%S')}")
     options = RunOptions(
         framework=framework,
-        # Rank 0's choice of folder, so that a new rank 0 after an elastic reset uses it too.
-        output_dir=Path(adapter.broadcast_object(output_dir or default_dir)),
-        seed=seed,
+        # Rank 0's choice of folder: the ranks' clocks may name the default differently.
+        output_dir=Path(output_dir or adapter.broadcast_object(default_dir)),
+        seed=DEFAULT_SEED if seed is None else seed,
         data_dir=Path(data_dir) if data_dir is not None else None,
         resume=resume,
         log_every=log_every,
@@ -75,7 +107,20 @@ def train(
         elastic=elastic,
         commit_every=commit_every,
     )
-    return run(adapter, recipe, options)
+    return run(adapter, recipe, options, checkpoint)
+
+
+def resumed_recipe(
+    state: dict[str, Any], recipe_text: str, given: str | Recipe | None, framework: str,
+    overrides: dict[str, Any],
+) -> Recipe:  # fmt: skip
+    """The checkpoint's recipe, with `overrides` and `given` (a recipe the user named)
+    checked against it: only the safe changes may differ."""
+    saved = saved_recipe(state, recipe_text)
+    asked = with_overrides(resolve_recipe(given, framework) if given else saved, overrides)
+    check_same_run(saved, asked, state["path"])
+    asked.check_framework(framework)
+    return asked
 
 
 def resolve_recipe(recipe: str | Recipe, framework: str) -> Recipe:
@@ -92,17 +137,43 @@ def with_overrides(recipe: Recipe, overrides: dict[str, Any]) -> Recipe:
         raise UsageError(f"override {error}") from None
 
 
-def run(adapter: Adapter, recipe: Recipe, options: RunOptions) -> dict[str, Any]:
-    """One training job on this rank, once Horovod is initialised."""
+def run(
+    adapter: Adapter, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None
+) -> dict[str, Any]:
+    """One training job on this rank, once Horovod is initialised; `checkpoint` (on rank 0)
+    is where a resumed run starts."""
+    if options.elastic:
+        return run_elastic(adapter, recipe, options, checkpoint)
     data = load_data_on_every_rank(adapter, recipe, options)
     adapter.on_rank_zero(lambda: prepare_output_dir(options.output_dir, options.resume))
     adapter.setup(build_model(recipe, adapter, options.seed), recipe)
     trainer = Trainer(adapter, data, recipe, options)
-    start = adapter.on_rank_zero(trainer.load_snapshot) if options.resume else Position(0, 0)
-    if options.elastic:  # the elastic state broadcasts rank 0's model and position itself
-        return trainer.fit_elastic(start)
+    start = Position(0, 0)
+    if options.resume:
+        start = adapter.on_rank_zero(lambda: trainer.load_snapshot(checkpoint))  # type: ignore[arg-type]
     adapter.broadcast_state(include_optimizer=options.resume)
     return trainer.fit(start)
+
+
+def run_elastic(
+    adapter: Adapter, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None
+) -> dict[str, Any]:
+    """`run` under Horovod's elastic driver. Everything before the elastic loop stays on this
+    rank: a worker that joins a running job runs it too, while the others wait in the loop,
+    and a collective there would never be matched. The job's start (the ranks' agreement, the
+    output folder, the resumed position) happens once, inside the loop."""
+    data = load_data(recipe, options.data_dir)
+    adapter.setup(build_model(recipe, adapter, options.seed), recipe)
+    trainer = Trainer(adapter, data, recipe, options)
+
+    def begin() -> Position:
+        check_ranks_agree(adapter, None, run_facts(recipe, options, data))
+        adapter.on_rank_zero(lambda: prepare_output_dir(options.output_dir, options.resume))
+        if not options.resume:
+            return Position(0, 0)
+        return adapter.on_rank_zero(lambda: trainer.load_snapshot(checkpoint))  # type: ignore[arg-type]
+
+    return trainer.fit_elastic(begin)
 
 
 def load_data_on_every_rank(adapter: Adapter, recipe: Recipe, options: RunOptions) -> Splits:
@@ -113,7 +184,14 @@ def load_data_on_every_rank(adapter: Adapter, recipe: Recipe, options: RunOption
         data = load_data(recipe, options.data_dir)
     except UsageError as error:
         problem = str(error)
-    facts = {
+    check_ranks_agree(adapter, problem, run_facts(recipe, options, data))
+    assert data is not None
+    return data
+
+
+def run_facts(recipe: Recipe, options: RunOptions, data: Splits | None) -> dict[str, Any]:
+    """What every rank must run alike."""
+    return {
         "hvd_train version": __version__,
         "framework": options.framework,
         "recipe": recipe.recipe_hash(),
@@ -121,9 +199,6 @@ def load_data_on_every_rank(adapter: Adapter, recipe: Recipe, options: RunOption
         "training examples": None if data is None else len(data.train),
         "test examples": None if data is None else len(data.test),
     }
-    check_ranks_agree(adapter, problem, facts)
-    assert data is not None
-    return data
 
 
 def check_ranks_agree(adapter: Adapter, problem: str | None, facts: dict[str, Any]) -> None:
@@ -145,12 +220,14 @@ def check_ranks_agree(adapter: Adapter, problem: str | None, facts: dict[str, An
 
 
 def prepare_output_dir(output_dir: Path, resume: bool) -> None:
-    """Creates the run directory; refuses to write over an earlier run's checkpoints."""
+    """Creates the run directory and removes what a killed run left half-written; refuses to
+    write over an earlier run's checkpoints."""
     try:
         (output_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         probe = output_dir / f".write-test-{time.time_ns()}"
         probe.touch()
         probe.unlink()
+        remove_partial(output_dir / "checkpoints")
     except OSError as error:
         raise UsageError(
             f"cannot write to output directory {output_dir} ({error.strerror}); "
@@ -163,15 +240,17 @@ def prepare_output_dir(output_dir: Path, resume: bool) -> None:
         )
 
 
-def _train_rank(recipe: str | Recipe, framework: str, options: dict[str, Any]) -> dict[str, Any]:
+def _train_rank(
+    recipe: str | Recipe | None, framework: str | None, options: dict[str, Any]
+) -> dict[str, Any]:
     """What `launch` runs in each rank."""
     return train(recipe, framework, **options)
 
 
 def launch(
-    recipe: str | Recipe,
+    recipe: str | Recipe | None = None,
     np: int = 2,
-    framework: str = "torch",
+    framework: str | None = None,
     *,
     hosts: str | None = None,
     **options: Any,

@@ -15,6 +15,7 @@ progress (epoch, then training samples consumed in it), whatever the world size 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -60,6 +61,12 @@ def checkpoint_name(epoch: int, samples_in_epoch: int) -> str:
     return f"epoch-{epoch:04d}-sample-{samples_in_epoch:08d}"
 
 
+def _state_checksum(state: dict[str, Any]) -> str:
+    """The SHA-256 of state.json's own contents (all but this checksum), key order aside."""
+    rest = {key: value for key, value in state.items() if key != "state_sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
 def save_checkpoint(
     directory: Path,
     name: str,
@@ -69,26 +76,54 @@ def save_checkpoint(
     recipe_text: str,
     keep: int,
 ) -> Path:
-    """Writes `directory/name` atomically, then keeps only the newest `keep`."""
+    """Writes `directory/name` atomically, then keeps only the newest `keep`. A failed write
+    (a full disk, a vanished folder) is a UsageError and leaves nothing behind."""
     final = directory / name
     partial = directory / f".{final.name}.partial-{os.getpid()}"
-    partial.mkdir(parents=True)
     try:
+        partial.mkdir(parents=True)
         save_file(weights, partial / MODEL_FILE)
         save_file(optimizer, partial / OPTIMIZER_FILE)
         (partial / RECIPE_FILE).write_text(recipe_text)
-        checksums = {name: _sha256(partial / name) for name in CHECKSUMMED}
-        (partial / STATE_FILE).write_text(json.dumps(state | {"sha256": checksums}, indent=2))
+        state = state | {"sha256": {name: _sha256(partial / name) for name in CHECKSUMMED}}
+        state["state_sha256"] = _state_checksum(state)
+        (partial / STATE_FILE).write_text(json.dumps(state, indent=2))
         for name in (*CHECKSUMMED, STATE_FILE):
             _fsync(partial / name)
-        partial.rename(final)
+        _replace(partial, final)
         _fsync(directory)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(partial, ignore_errors=True)
+        # safetensors reports its own I/O errors (a full disk) as SafetensorError.
+        if isinstance(error, OSError | SafetensorError):
+            reason = getattr(error, "strerror", None) or str(error).rsplit("I/O error: ", 1)[-1]
+            raise UsageError(
+                f"cannot write checkpoint {final} ({reason}); free space or fix the folder's "
+                "permissions, or choose another --output-dir (the earlier checkpoints are intact)"
+            ) from None
         raise
     for old in checkpoints(directory)[:-keep]:
-        shutil.rmtree(old)
+        shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _replace(partial: Path, final: Path) -> None:
+    """Renames the finished `partial` to `final`. A run that went back (an elastic rollback)
+    writes a point again: the old copy is moved aside first, then deleted."""
+    if final.exists():
+        aside = final.with_name(f".{final.name}.replaced-{os.getpid()}")
+        final.rename(aside)
+        partial.rename(final)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        partial.rename(final)
+
+
+def remove_partial(directory: Path) -> None:
+    """Removes what a killed writer left half-written: `.…partial-<pid>` and
+    `.…replaced-<pid>` folders (complete checkpoints never carry those names)."""
+    for leftover in [*directory.glob(".*.partial-*"), *directory.glob(".*.replaced-*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def checkpoints(directory: Path) -> list[Path]:
@@ -102,6 +137,14 @@ def load_checkpoint(path: Path) -> Checkpoint:
     remedy = "use an earlier checkpoint or start anew"
     try:
         state = json.loads((path / STATE_FILE).read_text())
+        if state.get("state_sha256") != _state_checksum(state):
+            raise UsageError(
+                f"checkpoint {path} is corrupt (state.json fails its checksum); {remedy}"
+            )
+        if set(state["sha256"]) != set(CHECKSUMMED):
+            raise UsageError(
+                f"checkpoint {path} is corrupt (state.json lists other files); {remedy}"
+            )
         for name, expected in state["sha256"].items():
             if _sha256(path / name) != expected:
                 raise UsageError(
@@ -114,7 +157,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
             state=state,
             recipe_text=(path / RECIPE_FILE).read_text(),
         )
-    except (OSError, SafetensorError, ValueError, KeyError, TypeError) as error:
+    except (OSError, SafetensorError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise UsageError(f"checkpoint {path} is unreadable ({error}); {remedy}") from None
 
 
@@ -128,7 +171,8 @@ def load_newest_valid(directory: Path) -> Checkpoint | None:
         except UsageError as error:
             aside = path.with_name(f"{path.name}.corrupt")
             shutil.rmtree(aside, ignore_errors=True)  # an older damaged copy of the same point
-            path.rename(aside)
+            with contextlib.suppress(OSError):  # another rank of an elastic job was first
+                path.rename(aside)
             print(
                 f"hvd-train: {error}; set aside as {aside.name}, trying the one before",
                 file=sys.stderr,

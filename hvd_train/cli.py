@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tomllib
@@ -12,7 +13,7 @@ from typing import Any, NoReturn
 
 from hvd_train import __version__
 from hvd_train.adapters import ADAPTERS
-from hvd_train.errors import UsageError
+from hvd_train.errors import Stopped, UsageError
 
 
 class Parser(argparse.ArgumentParser):
@@ -28,6 +29,8 @@ def positive(kind: type) -> argparse._ActionType:
             raise argparse.ArgumentTypeError(
                 f"expected a positive {kind.__name__}, got {text!r}"
             ) from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
         return value
@@ -57,9 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     recipe = Parser(add_help=False)
     recipe.add_argument(
         "--recipe",
-        default="mnist_cnn",
         help="a packaged recipe by name, a recipe file (.toml, or .py defining `recipe`; "
-        "file.py:NAME for another name), or package.module:NAME (default: %(default)s)",
+        "file.py:NAME for another name), or package.module:NAME (default: mnist_cnn; with "
+        "--resume, the run's own)",
     )
     recipe.add_argument(
         "--set",
@@ -87,8 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     shared.add_argument(
         "--framework",
         choices=sorted(ADAPTERS),
-        default="torch",
-        help="the framework to run under (default: %(default)s)",
+        help="the framework to run under (default: torch; with --resume, the run's own)",
     )
     shared.add_argument(
         "--data-dir",
@@ -107,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--seed",
         type=int,
-        default=42,
-        help="seed for weights and data order, the same on every rank (default: %(default)s)",
+        help="seed for weights and data order, the same on every rank (default: 42; with "
+        "--resume, the run's own)",
     )
     train.add_argument(
         "--output-dir",
@@ -119,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in --output-dir from its newest valid checkpoint",
+        help="continue the run in --output-dir from its newest valid checkpoint, with the "
+        "recipe, settings, seed and framework it trained with (only --epochs may grow)",
     )
     train.add_argument(
         "--checkpoint-every",
@@ -236,18 +239,22 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_show_recipe(args: argparse.Namespace) -> int:
-    from hvd_train.api import resolve_recipe, with_overrides
+    from hvd_train.api import DEFAULT_FRAMEWORK, DEFAULT_RECIPE, resolve_recipe, with_overrides
     from hvd_train.recipe.toml import recipe_toml
 
-    recipe = with_overrides(resolve_recipe(args.recipe, args.framework), overrides(args))
+    framework = args.framework or DEFAULT_FRAMEWORK
+    recipe = resolve_recipe(args.recipe or DEFAULT_RECIPE, framework)
+    recipe = with_overrides(recipe, overrides(args))
     print(recipe_toml(recipe), end="")
     return 0
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from hvd_train.api import DEFAULT_FRAMEWORK
     from hvd_train.evaluation import evaluate_checkpoint
 
-    result = evaluate_checkpoint(args.checkpoint, args.framework, args.data_dir, args.recipe)
+    framework = args.framework or DEFAULT_FRAMEWORK
+    result = evaluate_checkpoint(args.checkpoint, framework, args.data_dir, args.recipe)
     if result is None:  # not rank 0
         return 0
     if args.json:
@@ -280,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"hvd-train: error: {error}", file=sys.stderr)
         return 2
+    except Stopped as stop:  # rank 0 said where it stopped and how to resume
+        return 128 + stop.signum
+    except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
+        print("hvd-train: interrupted", file=sys.stderr)
+        return 130
     except Exception as error:
         if not lost_peer(error):
             raise

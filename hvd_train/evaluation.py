@@ -19,8 +19,7 @@ from hvd_train.data import Dataset, load_data, take
 from hvd_train.data.sharding import eval_indices
 from hvd_train.errors import UsageError
 from hvd_train.models import build_model
-from hvd_train.recipe import Recipe, load_recipe
-from hvd_train.recipe.toml import parse_toml_recipe
+from hvd_train.resume import saved_recipe
 
 EVAL_BATCH_SIZE = 1000
 
@@ -47,17 +46,6 @@ def read_checkpoint(path: Path) -> Checkpoint:
     return load_checkpoint(resolve_checkpoint(path))
 
 
-def checkpoint_recipe(checkpoint: Checkpoint, reference: str | None) -> Recipe:
-    """The recipe that rebuilds the checkpoint's model: a neutral recipe from the effective
-    recipe saved with it; a Python recipe from its code, at `reference` if given, else where
-    it was when the checkpoint was written."""
-    state = checkpoint.state
-    if reference is None and state["layout"] == "neutral":
-        path = checkpoint.path / "recipe.toml"
-        return parse_toml_recipe(checkpoint.recipe_text, state["recipe"], str(path), path.parent)
-    return load_recipe(reference or state["recipe_source"])
-
-
 def evaluate_checkpoint(
     path: Path, framework: str, data_dir: Path | None, recipe_reference: str | None = None
 ) -> dict[str, Any] | None:
@@ -68,7 +56,8 @@ def evaluate_checkpoint(
     adapter.init()
     # Only rank 0 need see the file (hosts may not share a disk); it sends the rest the contents.
     checkpoint = adapter.on_rank_zero(lambda: read_checkpoint(path))
-    recipe = checkpoint_recipe(checkpoint, recipe_reference)
+    state = checkpoint.state | {"path": str(checkpoint.path)}
+    recipe = saved_recipe(state, checkpoint.recipe_text, recipe_reference)
     check_layout(checkpoint, framework, recipe.layout(framework))
     data = load_data(recipe, data_dir)
     adapter.setup(build_model(recipe, adapter, seed=0), recipe)

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 
 from hvd_train.data.sharding import steps_per_epoch
+from hvd_train.recipe import Horovod, Schedule
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,15 @@ class Progress:
 
     @classmethod
     def for_world(
-        cls, train_size: int, world_size: int, batch_size: int, limit_steps: int | None
-    ) -> Progress:
-        steps = steps_per_epoch(train_size, world_size, batch_size)
-        return cls(min(steps, limit_steps or sys.maxsize), batch_size * world_size)
+        cls, train_size: int, world_size: int, schedule: Schedule, horovod: Horovod,
+        limit_steps: int | None,
+    ) -> Progress:  # fmt: skip
+        """Steps of `horovod.backward_passes_per_step` batches of `schedule.batch_size` on each
+        of `world_size` ranks; `limit_steps` caps the steps per epoch (smoke runs)."""
+        passes = horovod.backward_passes_per_step
+        steps = steps_per_epoch(train_size, world_size, schedule.batch_size, passes)
+        global_batch = schedule.batch_size * world_size * passes
+        return cls(min(steps, limit_steps or sys.maxsize), global_batch)
 
     def samples(self, position: Position) -> int:
         """Training samples consumed, across all ranks, in the epoch of `position`."""

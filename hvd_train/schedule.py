@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from hvd_train.recipe.settings import Schedule
 
 
-def scaled_learning_rate(base: float, world_size: int, rule: str) -> float:
-    """The recipe's one-process learning rate, scaled for `world_size` processes.
+def scaled_learning_rate(base: float, scale: int, rule: str) -> float:
+    """The recipe's one-process learning rate, for a global batch `scale` times the recipe's
+    batch (world size x backward passes per step).
 
     "linear" follows Goyal et al. and Horovod's examples (the global batch grows with the world
     size, so does the step); "sqrt" is gentler, for adaptive optimizers at large scale.
     """
-    factor = {"linear": world_size, "sqrt": math.sqrt(world_size), "none": 1.0}[rule]
+    factor = {"linear": scale, "sqrt": math.sqrt(scale), "none": 1.0}[rule]
     return base * factor
 
 
@@ -28,11 +29,12 @@ class LearningRateSchedule:
 
     @classmethod
     def from_recipe(
-        cls, schedule: Schedule, base: float, world_size: int, steps_per_epoch: int
+        cls, schedule: Schedule, base: float, scale: int, steps_per_epoch: int
     ) -> LearningRateSchedule:
+        """The schedule in optimizer steps, for a global batch `scale` times the recipe's."""
         return cls(
             base=base,
-            peak=scaled_learning_rate(base, world_size, schedule.lr_scaling),
+            peak=scaled_learning_rate(base, scale, schedule.lr_scaling),
             warmup_steps=round(schedule.warmup_epochs * steps_per_epoch),
             total_steps=schedule.epochs * steps_per_epoch,
             decay=schedule.decay,

@@ -8,10 +8,14 @@ collectives.
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 import platform
+import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,23 +25,24 @@ from tqdm import tqdm
 
 from hvd_train import __version__
 from hvd_train.adapters import Adapter
-from hvd_train.adapters.base import ElasticState
+from hvd_train.adapters.base import ElasticState, StepResult
 from hvd_train.checkpoint import (
+    Checkpoint,
     check_layout,
     check_weights_fit,
     checkpoint_name,
-    load_newest_valid,
     save_checkpoint,
 )
 from hvd_train.data import Splits, take
-from hvd_train.data.sharding import epoch_order, shard_batches
-from hvd_train.errors import UsageError
+from hvd_train.data.sharding import epoch_order, shard_steps
+from hvd_train.errors import Stopped, UsageError
 from hvd_train.evaluation import evaluate
-from hvd_train.metrics import MetricsWriter
+from hvd_train.metrics import MetricsWriter, write_error
 from hvd_train.progress import Position, Progress
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.toml import recipe_toml
 from hvd_train.schedule import LearningRateSchedule
+from hvd_train.stopping import StopRequests
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class Trainer:
         self.checkpoint_dir = options.output_dir / "checkpoints"
         self.images_trained, self.step_seconds = 0, 0.0
         self.elastic_state: ElasticState | None = None
+        self.requests = StopRequests()
         self.resize()
 
     def resize(self) -> None:
@@ -82,32 +88,42 @@ class Trainer:
         global batch and learning rate. Called again when an elastic job resizes."""
         world_size, recipe = self.adapter.world_size, self.recipe
         self.progress = Progress.for_world(
-            len(self.data.train), world_size, recipe.schedule.batch_size, self.options.limit_steps
-        )
+            len(self.data.train), world_size, recipe.schedule, recipe.horovod,
+            self.options.limit_steps,
+        )  # fmt: skip
         self.schedule = LearningRateSchedule.from_recipe(
-            recipe.schedule, recipe.optimizer.learning_rate, world_size,
-            self.progress.steps_per_epoch,
+            recipe.schedule, recipe.optimizer.learning_rate,
+            world_size * recipe.horovod.backward_passes_per_step, self.progress.steps_per_epoch,
         )  # fmt: skip
 
-    def run_batch(self, indices: np.ndarray, step: int) -> float:
-        """One training step on this rank's batch; the local loss."""
+    def examples(self, position: Position) -> int:
+        """Training examples seen since the run began, whatever the world size: the position
+        that metrics records carry."""
+        size = len(self.data.train)
+        return position.epoch * size + min(self.progress.samples(position), size)
+
+    def run_step(self, batches: list[np.ndarray], step: int) -> StepResult:
+        """One optimizer step on this rank's batches (one per backward pass)."""
         adapter = self.adapter
-        x, y = take(self.data.train, indices)
+        taken = [take(self.data.train, indices) for indices in batches]
+        if self.metrics.failure:
+            self.requests.failure = self.metrics.failure
         started = time.perf_counter()
-        loss = adapter.train_step(
-            x, y, self.schedule(step), step_seed(self.options.seed, step, adapter.rank)
-        )
+        result = adapter.train_step(
+            taken, self.schedule(step), step_seed(self.options.seed, step, adapter.rank),
+            self.requests.flags(),
+        )  # fmt: skip
         self.step_seconds += time.perf_counter() - started
-        self.images_trained += len(indices) * adapter.world_size
-        return loss
+        self.images_trained += sum(map(len, batches)) * adapter.world_size
+        return result
 
     def run_epoch(self, epoch: int, first_step: int) -> float:
         """Trains epoch `epoch` from `first_step` on; the loss averaged over ranks and steps."""
         adapter, steps = self.adapter, self.progress.steps_per_epoch
         order = epoch_order(len(self.data.train), self.options.seed, epoch)
-        batches = shard_batches(
-            order, adapter.rank, adapter.world_size, self.recipe.schedule.batch_size
-        )
+        shard = shard_steps(order, adapter.rank, adapter.world_size,
+                            self.recipe.schedule.batch_size,
+                            self.recipe.horovod.backward_passes_per_step)  # fmt: skip
         bar = tqdm(
             range(first_step, steps),
             desc=f"epoch {epoch + 1}/{self.recipe.schedule.epochs}",
@@ -120,16 +136,50 @@ class Trainer:
         total = 0.0
         for index in bar:
             step = self.progress.global_step(Position(epoch, index))
-            window.append(self.run_batch(batches[index], step))
+            result = self.run_step(shard[index], step)
             done = Position(epoch, index + 1)
+            self.check_step(result, done)
+            window.append(result.loss)
             if len(window) == self.options.log_every or done.step == steps:
-                average = float(adapter.allreduce_mean(np.array([np.mean(window)]))[0])
-                total += average * len(window)
-                window = []
+                total += sum(window)
+                average, window = float(np.mean(window)), []
                 bar.set_postfix(loss=f"{average:.4f}", lr=f"{self.schedule(step):.2e}")
-                self.metrics.train(epoch + 1, step + 1, average, self.schedule(step))
+                self.metrics.train(epoch + 1, step + 1, self.examples(done), average,
+                                   self.schedule(step))  # fmt: skip
             self.after_step(done)
         return total / max(1, steps - first_step)
+
+    def check_step(self, result: StepResult, done: Position) -> None:
+        """Stops every rank, at the same step, when the step's numbers are not finite or any
+        rank asked to stop; the numbers are the same on every rank, so all decide alike."""
+        if not (math.isfinite(result.loss) and math.isfinite(result.gradient_norm)):
+            what = "loss" if not math.isfinite(result.loss) else "gradient norm"
+            value = result.loss if what == "loss" else result.gradient_norm
+            raise UsageError(
+                f"the {what} became {value} at step {done.step} of epoch {done.epoch + 1}, and "
+                "training stopped before saving anything after it; lower the learning rate "
+                "(--lr) or clip the gradients (--set optimizer.gradient_clip_norm=1.0), and "
+                "continue from the newest checkpoint with --resume"
+            )
+        if result.flags.any():
+            self.stop(done)
+
+    def stop(self, done: Position) -> None:
+        """Acts on a stop that some rank asked for: a failed write ends the job with its
+        message; a signal, with a checkpoint at `done` and how to resume."""
+        failures = [f for f in self.adapter.allgather_object(self.requests.failure) if f]
+        if failures:
+            raise UsageError(failures[0])
+        signum = next(s for s in self.adapter.allgather_object(self.requests.signal) if s)
+        self.save_snapshot(done)
+        message = (
+            f"stopped by {signal.Signals(signum).name} at step {done.step} of epoch "
+            f"{done.epoch + 1}, after saving a checkpoint; continue with: hvd-train --resume "
+            f"--output-dir {self.options.output_dir}"
+        )
+        if self.adapter.is_rank_zero:
+            tqdm.write(f"hvd-train: {message}")
+        raise Stopped(signum, message)
 
     def after_step(self, done: Position) -> None:
         """Mid-epoch checkpoints and elastic commits, every so many global steps."""
@@ -141,9 +191,11 @@ class Trainer:
             self.commit(done)
 
     def save_snapshot(self, position: Position) -> None:
-        """Rank 0 writes a checkpoint of `position`: model, optimizer and where it stands."""
-        if not self.adapter.is_rank_zero:
-            return
+        """Rank 0 writes a checkpoint of `position`: model, optimizer and where it stands. A
+        failed write stops every rank with its message."""
+        self.adapter.on_rank_zero(lambda: self._write_snapshot(position))
+
+    def _write_snapshot(self, position: Position) -> None:
         adapter, recipe, samples = self.adapter, self.recipe, self.progress.samples(position)
         state = {
             "epoch": position.epoch,
@@ -151,6 +203,7 @@ class Trainer:
             "samples_in_epoch": samples,
             "global_step": self.progress.global_step(position),
             "seed": self.options.seed,
+            "limit_steps": self.options.limit_steps,
             "world_size": adapter.world_size,
             "global_batch_size": self.progress.global_batch,
             "learning_rate": {
@@ -169,14 +222,8 @@ class Trainer:
                         adapter.weights(), adapter.optimizer_state(), state, recipe_toml(recipe),
                         self.options.keep_checkpoints)  # fmt: skip
 
-    def load_snapshot(self) -> Position:
-        """Loads the newest valid checkpoint into rank 0's model and optimizer."""
-        checkpoint = load_newest_valid(self.checkpoint_dir)
-        if checkpoint is None:
-            raise UsageError(
-                f"nothing to resume: {self.checkpoint_dir} holds no valid checkpoint; "
-                "leave out --resume to start a new run"
-            )
+    def load_snapshot(self, checkpoint: Checkpoint) -> Position:
+        """Loads `checkpoint` into rank 0's model and optimizer; where it stands."""
         state, adapter = checkpoint.state, self.adapter
         check_layout(checkpoint, adapter.name, self.recipe.layout(adapter.name))
         remedy = "resume with that recipe or choose another --output-dir"
@@ -193,7 +240,14 @@ class Trainer:
                 "epochs; raise --epochs to train further"
             )
         adapter.load_weights(checkpoint.weights)
-        adapter.load_optimizer_state(checkpoint.optimizer)
+        try:
+            adapter.load_optimizer_state(checkpoint.optimizer)
+        except (ValueError, KeyError, RuntimeError) as error:
+            raise UsageError(
+                f"checkpoint {checkpoint.path}'s optimizer state does not fit this optimizer "
+                f"({error}); resume with the recipe that wrote it"
+            ) from None
+        self.metrics.keep_until(self.examples(position))
         print(f"hvd-train: resuming from {checkpoint.path}", flush=True)
         return position
 
@@ -204,11 +258,28 @@ class Trainer:
         self.elastic_state.samples = self.progress.samples(position)
         self.elastic_state.commit()
 
-    def end_epoch(self, epoch: int, train_loss: float, started: float) -> float:
-        """Evaluates, logs and checkpoints the end of epoch `epoch`; the test accuracy."""
+    def check_replicas(self, epoch: int) -> None:
+        """Every rank must hold the same trained weights and optimizer state, bit for bit; a
+        difference means the replicas split (a bug), which would otherwise go unnoticed."""
+        digest = hashlib.sha256()
+        for name, array in sorted(self.adapter.trained_state().items()):
+            digest.update(name.encode() + np.ascontiguousarray(array).tobytes())
+        digests = self.adapter.allgather_object(digest.hexdigest())
+        if len(set(digests)) > 1:
+            ranks = [rank for rank, d in enumerate(digests) if d != digests[0]]
+            raise RuntimeError(
+                f"after epoch {epoch + 1}, ranks {ranks} hold other weights or optimizer state "
+                "than rank 0: the replicas split, and training cannot go on correctly; please "
+                "report this with the run's command"
+            )
+
+    def end_epoch(self, epoch: int, train_loss: float, started: float) -> None:
+        """Checks the replicas, then evaluates, logs and checkpoints the end of epoch `epoch`."""
+        self.check_replicas(epoch)
         test_loss, accuracy = evaluate(self.adapter, self.data.test)
         end = Position(epoch + 1, 0)
-        self.metrics.eval(epoch + 1, self.progress.global_step(end), test_loss, accuracy)
+        self.metrics.eval(epoch + 1, self.progress.global_step(end), self.examples(end),
+                          test_loss, accuracy)  # fmt: skip
         self.save_snapshot(end)
         if self.elastic_state:
             self.commit(end)
@@ -219,28 +290,47 @@ class Trainer:
                 f"({time.perf_counter() - started:.1f} s)"
             )
         self.last_eval = (test_loss, accuracy)
-        return accuracy
 
     def fit(self, start: Position) -> dict[str, Any]:
         """Trains from `start` to the recipe's last epoch; the run's summary."""
         self.last_eval = (float("nan"), float("nan"))
         started = time.perf_counter()
-        for epoch in range(start.epoch, self.recipe.schedule.epochs):
-            epoch_started = time.perf_counter()
-            train_loss = self.run_epoch(epoch, start.step if epoch == start.epoch else 0)
-            self.end_epoch(epoch, train_loss, epoch_started)
+        with self.requests.catching_signals():
+            for epoch in range(start.epoch, self.recipe.schedule.epochs):
+                epoch_started = time.perf_counter()
+                train_loss = self.run_epoch(epoch, start.step if epoch == start.epoch else 0)
+                self.end_epoch(epoch, train_loss, epoch_started)
         return self.summary(time.perf_counter() - started)
 
-    def fit_elastic(self, start: Position) -> dict[str, Any]:
-        """`fit` under Horovod's elastic driver; after a resize it goes on from the last commit
-        with shards, step counts and learning rate recomputed for the new world size."""
+    def fit_elastic(self, begin: Callable[[], Position]) -> dict[str, Any]:
+        """`fit` under Horovod's elastic driver. The job's first pass through the loop calls
+        `begin` (on every rank together) for where to start; after a resize the job goes on
+        from the last commit, with shards, step counts and learning rate recomputed for the new
+        world size."""
 
         def loop(state: ElasticState) -> dict[str, Any]:
             self.elastic_state = state
             self.resize()
-            return self.fit(self.progress.position_at(state.epoch, state.samples))
+            if not state.started:
+                start = begin()  # rank 0's model, optimizer and position, resumed or fresh...
+                state.epoch, state.samples = start.epoch, self.progress.samples(start)
+                state.started = True
+                state.save()
+                state.sync()  # ...on every rank
+            position = self.progress.position_at(state.epoch, state.samples)
+            # Rank 0 may be new, on another host: give it the run's folder, without the records
+            # of steps after the commit that the job went back to.
+            self.adapter.on_rank_zero(lambda: self.reopen_output(position))
+            return self.fit(position)
 
-        return self.adapter.run_elastic(loop, start.epoch, self.progress.samples(start))
+        return self.adapter.run_elastic(loop)
+
+    def reopen_output(self, position: Position) -> None:
+        try:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise UsageError(write_error(self.checkpoint_dir, error)) from None
+        self.metrics.keep_until(self.examples(position))
 
     def summary(self, seconds: float) -> dict[str, Any]:
         adapter, recipe = self.adapter, self.recipe
@@ -258,5 +348,5 @@ class Trainer:
             "hosts": dict(Counter(adapter.allgather_object(host_name()))),
             "hvd_train_version": __version__,
         }
-        self.metrics.summary(summary)
+        adapter.on_rank_zero(lambda: self.metrics.summary(summary))
         return summary

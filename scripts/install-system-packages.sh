@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages multi-process and multi-host runs use, where it can:
-# Open MPI (openmpi-bin, libopenmpi-dev), so Horovod is built with the MPI controller too, and
-# OpenSSH (client and server), which horovodrun uses to start workers on other hosts.
+# Open MPI (openmpi-bin, libopenmpi-dev), so Horovod is built with the MPI controller too,
+# OpenSSH (client and server), which horovodrun uses to start workers on other hosts, and
+# iproute2 (`ip`), with which the multi-host test makes its hosts in network namespaces.
 # Without root or apt-get it says what is missing and goes on: one host with Gloo needs neither.
 set -euo pipefail
 
@@ -9,8 +10,9 @@ missing=()
 command -v mpicxx >/dev/null && command -v mpirun >/dev/null || missing+=(openmpi-bin libopenmpi-dev)
 command -v ssh >/dev/null || missing+=(openssh-client)
 [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v ip >/dev/null || missing+=(iproute2)
 if [ ${#missing[@]} -eq 0 ]; then
-    echo "[install-system-packages] Open MPI and OpenSSH are installed"
+    echo "[install-system-packages] Open MPI, OpenSSH and iproute2 are installed"
 elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "[install-system-packages] installing ${missing[*]}"
     apt-get update -qq

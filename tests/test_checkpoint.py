@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -6,6 +9,7 @@ from hvd_train.checkpoint import (
     checkpoints,
     load_checkpoint,
     load_newest_valid,
+    remove_partial,
     save_checkpoint,
 )
 from hvd_train.errors import UsageError
@@ -53,19 +57,60 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (
-            lambda p: (p / "model.safetensors").write_bytes(b"garbage"),
-            "model.safetensors fails its checksum",
-        ),
-        (lambda p: (p / "optimizer.safetensors").unlink(), "is unreadable"),
-        (lambda p: (p / "state.json").write_text("{"), "is unreadable"),
+        (lambda p: (p / "model.safetensors").write_bytes(b"garbage"),
+         "is corrupt (model.safetensors fails its checksum)"),
+        (lambda p: (p / "optimizer.safetensors").unlink(), "is unreadable ("),
+        (lambda p: (p / "state.json").write_text("{"), "is unreadable ("),
+        (lambda p: (p / "state.json").write_text("[1, 2]"), "is unreadable ("),
+        (lambda p: (p / "state.json").write_bytes(b"\xff\xfe\x00garbage"), "is unreadable ("),
+        (lambda p: (p / "state.json").write_text(
+            (p / "state.json").read_text().replace('"epoch": 1', '"epoch": 2')),
+         "is corrupt (state.json fails its checksum)"),
     ],
-)
-def test_damage_is_detected(tmp_path, damage, message):
+)  # fmt: skip
+def test_damage_is_detected_naming_the_checkpoint(tmp_path, damage, message):
     path = save(tmp_path, 1)
     damage(path)
-    with pytest.raises(UsageError, match=f"checkpoint .*{path.name} {message}|{message}"):
+    with pytest.raises(UsageError) as error:
         load_checkpoint(path)
+    assert str(error.value).startswith(f"checkpoint {path} {message}"), error.value
+    assert str(error.value).endswith("; use an earlier checkpoint or start anew")
+
+
+def test_a_failed_write_is_one_line_leaves_nothing_and_keeps_the_earlier_checkpoints(tmp_path):
+    earlier = save(tmp_path, 1)
+    before = {p: p.read_bytes() for p in earlier.iterdir()}
+    # A file-size limit makes the write fail halfway, as a full disk would (root ignores
+    # permissions, so a read-only folder would not do).
+    code = f"""
+import resource, signal, sys
+from pathlib import Path
+import numpy as np
+from hvd_train.checkpoint import save_checkpoint
+from hvd_train.errors import UsageError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    save_checkpoint(Path({str(tmp_path)!r}), "epoch-0002-sample-00000000",
+                    {{"w": np.zeros(100000, np.float32)}}, {{}}, {{"epoch": 2}}, "", 3)
+except UsageError as error:
+    print(error)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    message = result.stdout.strip()
+    assert message.startswith(f"cannot write checkpoint {tmp_path}/epoch-0002-sample-00000000 (")
+    assert message.endswith("or choose another --output-dir (the earlier checkpoints are intact)")
+    assert "\n" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == [earlier.name]  # no partial left
+    assert {p: p.read_bytes() for p in earlier.iterdir()} == before
+
+
+def test_leftovers_of_a_killed_writer_are_removed(tmp_path):
+    save(tmp_path, 1)
+    (tmp_path / ".epoch-0002-sample-00000000.partial-123").mkdir()
+    (tmp_path / ".epoch-0002-sample-00000000.partial-123" / "model.safetensors").write_text("x")
+    remove_partial(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [checkpoint_name(1, 0)]
 
 
 def test_a_truncated_newest_checkpoint_is_set_aside_for_the_previous(tmp_path, capsys):

@@ -16,6 +16,7 @@ import pytest
 from hvd_train.checkpoint import save_checkpoint
 from hvd_train.layers import neutral_weight_shapes
 from hvd_train.recipe import load_recipe
+from hvd_train.recipe.toml import recipe_toml
 from tests.conftest import FRAMEWORKS, REPO
 
 GOOD_RECIPE = (REPO / "recipes" / "mnist_cnn.toml").read_text()
@@ -143,6 +144,9 @@ BAD_INPUTS = [
      lambda t, d, f: (["--recipe", npz_recipe(t, labels=None)], {}),
      "data.npz does not exist; fix the path (it is relative to the recipe file)"),
     ("zero flag", ["--epochs", "0"], "argument --epochs: must be positive, got '0'"),
+    ("non-finite flag", ["--lr", "nan"], "argument --lr: must be a finite number, got 'nan'"),
+    ("non-finite override", ["--set", "optimizer.learning_rate=inf"],
+     "override optimizer.learning_rate: inf is not a finite number; give a finite value"),
     ("negative flag", ["--lr", "-0.1"], "argument --lr: must be positive, got '-0.1'"),
     ("non-integer batch size flag", ["--batch-size", "6.5"],
      "argument --batch-size: expected a positive int, got '6.5'"),
@@ -177,10 +181,10 @@ def saved_run(tmp_path) -> Path:
     shapes = neutral_weight_shapes(recipe.layers, recipe.data.input_shape)
     weights = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
     state = {"epoch": 1, "samples_in_epoch": 0, "recipe": "mnist_cnn", "layout": "neutral",
-             "framework": "torch"}  # fmt: skip
-    save_checkpoint(
-        run_dir / "checkpoints", "epoch-0001-sample-00000000", weights, {}, state, GOOD_RECIPE, 3
-    )
+             "framework": "torch", "seed": 42, "limit_steps": None,
+             "recipe_source": "recipes/mnist_cnn.toml"}  # fmt: skip
+    save_checkpoint(run_dir / "checkpoints", "epoch-0001-sample-00000000", weights, {}, state,
+                    recipe_toml(recipe), 3)  # fmt: skip
     return run_dir
 
 
@@ -196,9 +200,33 @@ def test_bad_input_is_one_line_exit_2_and_loses_nothing(
     arguments, env = given(tmp_path, mnist_dir, framework) if callable(given) else (given, {})
     before = snapshot(saved_run)
     defaults = ["--framework", framework, "--data-dir", str(mnist_dir)]
-    result = run(*defaults, "--output-dir", str(saved_run), "--resume", *arguments, env=env)
+    result = run(*defaults, "--output-dir", str(saved_run), *arguments, env=env)
     assert_usage_error(result, message)
     assert snapshot(saved_run) == before
+
+
+# Flags that contradict the checkpoint of `saved_run` (mnist_cnn, seed 42, all steps).
+RESUME_MISMATCHES = [
+    (["--seed", "7"], "--resume: --seed 7 differs from the run's 42 (checkpoint "),
+    (["--limit-steps", "5"], "--resume: --limit-steps 5 differs from the run's none"),
+    (["--lr", "0.5"], "--resume: optimizer.learning_rate is 0.5 here but 0.001 in checkpoint "),
+    (["--batch-size", "32"], "--resume: schedule.batch_size is 32 here but 64 in checkpoint "),
+    (["--set", "horovod.fp16_compression=true"],
+     "--resume: horovod.fp16_compression is True here but False in checkpoint "),
+    (["--recipe", "mnist_bn"], "--resume: model.layers is another value here but another value"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize(("arguments", "message"), RESUME_MISMATCHES, ids=lambda a: str(a))
+def test_resume_refuses_what_contradicts_the_checkpoint(
+    arguments, message, framework, mnist_dir, saved_run
+):
+    before = snapshot(saved_run)
+    result = run("--resume", "--output-dir", str(saved_run), "--data-dir", str(mnist_dir),
+                 "--framework", framework, *arguments)  # fmt: skip
+    assert_usage_error(result, message)
+    assert "leave" in result.stderr and snapshot(saved_run) == before
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -227,18 +255,33 @@ def test_a_new_run_never_overwrites_saved_checkpoints(framework, mnist_dir, save
     assert snapshot(saved_run) == before
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_checkpoint_of_another_recipe_is_refused(framework, mnist_dir, saved_run, tmp_path):
-    before = snapshot(saved_run)
-    recipe = recipe_with(tmp_path, "units = 128", "units = 64")
-    arguments = ["--framework", framework, "--data-dir", str(mnist_dir), "--recipe", recipe]
-    result = run(*arguments, "--output-dir", str(saved_run), "--resume")
+@pytest.mark.torch
+def test_a_python_recipe_whose_model_changed_since_its_checkpoint_is_refused(tmp_path):
+    # The checkpoint holds an nn.Linear(16, 2); the recipe's code now builds an nn.Linear(16, 3).
+    recipe = tmp_path / "mine.py"
+    code = (
+        "import numpy as np\nfrom torch import nn\nfrom hvd_train import Recipe\n"
+        "def data():\n    x = np.zeros((8, 16), np.float32)\n"
+        "    return (x, np.arange(8) % 2), (x, np.arange(8) % 2)\n"
+        "recipe = Recipe(data=data, torch_model=lambda: nn.Linear(16, OUT))\n"
+    )
+    recipe.write_text(code.replace("OUT", "3"))
+    shown = run("show-recipe", "--recipe", str(recipe)).stdout
+    run_dir = tmp_path / "run"
+    state = {"epoch": 0, "samples_in_epoch": 8, "recipe": "mine", "layout": "torch",
+             "framework": "torch", "seed": 42, "limit_steps": None,
+             "recipe_source": f"{recipe}:recipe"}  # fmt: skip
+    weights = {"weight": np.zeros((2, 16), np.float32), "bias": np.zeros(2, np.float32)}
+    save_checkpoint(run_dir / "checkpoints", "epoch-0000-sample-00000008", weights, {}, state,
+                    shown, 3)  # fmt: skip
+    before = snapshot(run_dir)
+    result = run("--resume", "--output-dir", str(run_dir))
     assert_usage_error(
         result,
-        "was written for another model (recipe 'mnist_cnn'; layer7.kernel: (1024, 128) there, "
-        "(1024, 64) here); resume with that recipe",
+        "was written for another model (recipe 'mine'; weight: (2, 16) there, (3, 16) here); "
+        "resume with that recipe or choose another --output-dir",
     )
-    assert snapshot(saved_run) == before
+    assert snapshot(run_dir) == before
 
 
 def test_resume_from_the_other_framework_is_refused(mnist_dir, saved_run):

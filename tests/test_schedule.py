@@ -16,7 +16,7 @@ def schedule(decay: str, warmup: float = 1.0) -> LearningRateSchedule:
     config = Schedule(
         epochs=4, batch_size=64, lr_scaling="linear", warmup_epochs=warmup, decay=decay
     )
-    return LearningRateSchedule.from_recipe(config, base=0.001, world_size=2, steps_per_epoch=100)
+    return LearningRateSchedule.from_recipe(config, base=0.001, scale=2, steps_per_epoch=100)
 
 
 def test_warmup_ramps_from_base_to_the_scaled_rate():

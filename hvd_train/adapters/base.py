@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
@@ -18,7 +19,22 @@ from hvd_train.layers import Layer, Shape
 from hvd_train.recipe import Recipe
 
 T = TypeVar("T")
+# The name of every object broadcast and allgather. Horovod matches collectives across ranks by
+# name, and its object collectives default to the object's type name: ranks that pass None and a
+# string (a failure on one rank only) would wait for each other for ever.
+OBJECT_COLLECTIVE = "hvd_train.object"
 Arrays = dict[str, np.ndarray]
+Batch = tuple[np.ndarray, np.ndarray]  # inputs and int64 labels
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one training step tells every rank, all from the allreduce that averages the
+    gradients (no collective of its own)."""
+
+    loss: float  # the step's loss, averaged over its batches and over the ranks
+    gradient_norm: float  # the norm of the averaged gradients, before any clipping
+    flags: np.ndarray  # the flags each rank gave the step, summed over the ranks
 
 
 class ElasticState(Protocol):
@@ -27,8 +43,13 @@ class ElasticState(Protocol):
 
     epoch: int
     samples: int  # training samples consumed in `epoch`, across all ranks
+    started: bool  # whether the job has begun (a joining worker finds it has)
 
     def commit(self) -> None: ...
+
+    def save(self) -> None: ...
+
+    def sync(self) -> None: ...
 
 
 class Adapter(ABC):
@@ -68,9 +89,13 @@ class Adapter(ABC):
         torch's DDP does before each forward pass; called before evaluating."""
 
     @abstractmethod
-    def train_step(self, x: np.ndarray, y: np.ndarray, learning_rate: float, seed: int) -> float:
-        """One forward/backward pass with gradients averaged across ranks; the local loss.
-        `seed` seeds this step's dropout."""
+    def train_step(
+        self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray
+    ) -> StepResult:
+        """One optimizer step: a forward and backward pass per batch (the recipe's
+        backward_passes_per_step of them), the gradients averaged over batches and ranks, then
+        the update. Batch k's dropout is seeded with `seed + k`. `flags` (small floats) travel
+        with the gradients and come back summed over the ranks."""
 
     @abstractmethod
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -101,6 +126,11 @@ class Adapter(ABC):
         """Loads what `weights` returned; every tensor must be there."""
 
     @abstractmethod
+    def trained_state(self) -> Arrays:
+        """What every replica must hold identically: the trained weights and the optimizer's
+        state (not batchnorm's statistics, which follow each rank's own batches)."""
+
+    @abstractmethod
     def optimizer_state(self) -> Arrays:
         """The optimizer's state, in this framework's own layout."""
 
@@ -108,7 +138,7 @@ class Adapter(ABC):
     def load_optimizer_state(self, state: Arrays) -> None:
         """Restores what `optimizer_state` returned."""
 
-    def run_elastic(self, loop: Callable[[ElasticState], T], epoch: int, samples: int) -> T:
+    def run_elastic(self, loop: Callable[[ElasticState], T]) -> T:
         """Runs `loop` under Horovod's elastic driver: when workers leave or join, the state is
         restored to its last commit, Horovod re-initialises, and `loop` is called again."""
         raise NotImplementedError(f"{self.name} has no elastic mode")
@@ -135,7 +165,13 @@ class Adapter(ABC):
         return self.allreduce_sum(values) / self.world_size
 
     def threads_per_rank(self) -> int:
-        """This process's share of the CPU cores, so ranks on one host do not oversubscribe it."""
+        """This process's share of the CPU cores, so ranks on one host do not oversubscribe it;
+        $HVD_TRAIN_THREADS overrides it."""
+        given = os.environ.get("HVD_TRAIN_THREADS", "")
+        if given:
+            if not given.isdigit() or int(given) < 1:
+                raise UsageError(f"HVD_TRAIN_THREADS={given!r}: expected a positive integer")
+            return int(given)
         return max(1, len(os.sched_getaffinity(0)) // self.local_size)
 
 

@@ -22,7 +22,14 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_train.adapters import keras_models
-from hvd_train.adapters.base import Adapter, Arrays, model_type_error
+from hvd_train.adapters.base import (
+    OBJECT_COLLECTIVE,
+    Adapter,
+    Arrays,
+    Batch,
+    StepResult,
+    model_type_error,
+)
 from hvd_train.layers import Layer, Shape
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.settings import Optimizer
@@ -82,14 +89,16 @@ class TensorFlowAdapter(Adapter):
             hvd.Compression.fp16 if recipe.horovod.fp16_compression else hvd.Compression.none
         )
         self.passes_per_step = recipe.horovod.backward_passes_per_step
-        self.passes = 0
+        # Several backward passes per step: their gradients and loss, summed locally.
+        totals = [*self.model.trainable_variables, tf.zeros([], tf.float32)]
         self.accumulators = [
             tf.Variable(tf.zeros_like(v), trainable=False)
-            for v in self.model.trainable_variables
+            for v in totals
             if self.passes_per_step > 1
         ]
         self.seed_states = keras_models.seed_states(model)
-        self._compiled_step = tf.function(self._step, reduce_retracing=True)
+        self._compiled_accumulate = tf.function(self._accumulate, reduce_retracing=True)
+        self._compiled_apply = tf.function(self._apply, reduce_retracing=True)
         self._compiled_logits = tf.function(
             lambda x: self.model(x, training=False), reduce_retracing=True
         )
@@ -105,42 +114,58 @@ class TensorFlowAdapter(Adapter):
         if buffers:
             hvd.broadcast_variables(buffers, root_rank=0)
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, learning_rate: float, seed: int) -> float:
-        self.passes += 1
-        apply = self.passes % self.passes_per_step == 0
-        loss = self._compiled_step(
-            x, y, tf.constant(learning_rate, tf.float32), tf.constant(seed, tf.int64), apply
-        )
-        return float(loss)
+    def train_step(
+        self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray
+    ) -> StepResult:
+        for index, (x, y) in enumerate(batches[:-1]):
+            self._compiled_accumulate(x, y, tf.constant(seed + index, tf.int64))
+        x, y = batches[-1]
+        control, norm = self._compiled_apply(
+            x, y, tf.constant(seed + len(batches) - 1, tf.int64),
+            tf.constant(learning_rate, tf.float32), tf.constant(flags, tf.float32),
+        )  # fmt: skip
+        control = control.numpy()
+        return StepResult(float(control[-1]), float(norm), control[:-1] * self.world_size)
 
-    def _step(
-        self, x: tf.Tensor, y: tf.Tensor, learning_rate: tf.Tensor, seed: tf.Tensor, apply: bool
-    ) -> tf.Tensor:
+    def _gradients(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> tuple[Any, tf.Tensor]:
         for index, state in enumerate(self.seed_states):
             state.assign(tf.cast(tf.stack([seed, index]), state.dtype))
         with tf.GradientTape() as tape:
             loss = self.loss(self.model(x, training=True), y)
-        gradients = tape.gradient(loss, self.model.trainable_variables)
-        if self.accumulators:  # several backward passes per step: average them locally first
-            for total, gradient in zip(self.accumulators, gradients, strict=True):
-                total.assign_add(gradient / self.passes_per_step)
-            if not apply:
-                return loss
-            gradients = [tf.identity(total) for total in self.accumulators]
+        return tape.gradient(loss, self.model.trainable_variables), loss
+
+    def _accumulate(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> None:
+        """One of several backward passes of a step: its gradients and loss, kept locally."""
+        gradients, loss = self._gradients(x, y, seed)
+        for total, gradient in zip(self.accumulators, [*gradients, loss], strict=True):
+            total.assign_add(gradient / self.passes_per_step)
+
+    def _apply(
+        self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor, learning_rate: tf.Tensor,
+        flags: tf.Tensor,
+    ) -> tuple[tf.Tensor, tf.Tensor]:  # fmt: skip
+        """The step's last backward pass, the average over ranks (of the gradients and, in the
+        same allreduce, of the flags and the loss), and the update."""
+        gradients, loss = self._gradients(x, y, seed)
+        if self.accumulators:  # the earlier passes of this step, averaged locally first
+            parts = zip(self.accumulators, [*gradients, loss], strict=True)
+            *gradients, loss = [total + part / self.passes_per_step for total, part in parts]
             for total in self.accumulators:
                 total.assign(tf.zeros_like(total))
-        self.optimizer.learning_rate.assign(learning_rate)
-        self._apply_averaged(gradients)
-        return loss
-
-    def _apply_averaged(self, gradients: list[tf.Tensor]) -> None:
-        variables = self.model.trainable_variables
+        # Two collectives with no order between them: Horovod negotiates them in the same cycle.
+        # The control values travel uncompressed, at full precision.
+        control = tf.concat([flags, tf.reshape(tf.cast(loss, tf.float32), [1])], axis=0)
+        control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
         gradients = hvd.grouped_allreduce(gradients, op=hvd.Average, compression=self.compression)
+        norm = tf.linalg.global_norm(gradients)
         if self.clip_norm:  # on the averaged gradients, as the torch adapter does
-            gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm)
+            gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm, use_norm=norm)
+        variables = self.model.trainable_variables
         if self.l2:
             gradients = [g + self.l2 * v for g, v in zip(gradients, variables, strict=True)]
+        self.optimizer.learning_rate.assign(learning_rate)
         self.optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        return control, norm
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         return self._compiled_logits(x).numpy()
@@ -155,16 +180,22 @@ class TensorFlowAdapter(Adapter):
         return hvd.allreduce(tensor, op=hvd.Sum, name="hvd_train.metrics").numpy()
 
     def broadcast_object(self, value: Any) -> Any:
-        return hvd.broadcast_object(value, root_rank=0)
+        return hvd.broadcast_object(value, root_rank=0, name=OBJECT_COLLECTIVE)
 
     def allgather_object(self, value: Any) -> list[Any]:
-        return list(hvd.allgather_object(value))
+        return list(hvd.allgather_object(value, name=OBJECT_COLLECTIVE))
 
     def weights(self) -> Arrays:
         return keras_models.weights(self.model, self.layout)
 
     def load_weights(self, weights: Arrays) -> None:
         keras_models.load_weights(self.model, self.layout, weights)
+
+    def trained_state(self) -> Arrays:
+        weights = {
+            f"weight.{i}": np.asarray(v.numpy()) for i, v in enumerate(self.model.trainable_weights)
+        }
+        return weights | {f"optimizer.{n}": a for n, a in self.optimizer_state().items()}
 
     def optimizer_state(self) -> Arrays:
         """Every optimizer variable (iteration count, learning rate, slots), keyed by its index

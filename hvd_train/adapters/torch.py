@@ -15,10 +15,20 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
+from horovod.common.elastic import ObjectState
 from torch import nn
 
 from hvd_train.adapters import torch_layers
-from hvd_train.adapters.base import Adapter, Arrays, ElasticState, T, model_type_error
+from hvd_train.adapters.base import (
+    OBJECT_COLLECTIVE,
+    Adapter,
+    Arrays,
+    Batch,
+    ElasticState,
+    StepResult,
+    T,
+    model_type_error,
+)
 from hvd_train.layers import Layer, Shape
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.settings import Optimizer
@@ -97,6 +107,39 @@ class KerasOnTorch:
         self.models.load_weights(self.module, "keras", weights)
 
 
+class ElasticTorchState(ObjectState):
+    """The model, the optimizer and the position, for Horovod's elastic driver.
+
+    Horovod's own TorchState syncs an optimizer by broadcasting its state, and a worker whose
+    optimizer has none yet (a fresh start, a worker that just joined) first makes one by taking
+    a step with zero gradients. Under weight decay that step moves every weight, and after a
+    join only the newcomer takes it: its replica differs from then on. Here rank 0's optimizer
+    state is handed out as it is, even empty, and nothing steps.
+    """
+
+    def __init__(self, adapter: TorchAdapter) -> None:
+        self.adapter = adapter
+        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank,
+                         epoch=0, samples=0, started=False)  # fmt: skip
+        self.save()
+
+    def save(self) -> None:
+        self.model = {name: t.detach().clone() for name, t in self.adapter.net.state().items()}
+        self.optimizer = self.adapter.optimizer_state()
+        super().save()
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for name, tensor in self.adapter.net.state().items():
+                tensor.copy_(self.model[name])
+        self.adapter.load_optimizer_state(self.optimizer)
+        super().restore()
+
+    def sync(self) -> None:
+        self.adapter.broadcast_state(include_optimizer=True)
+        super().sync()
+
+
 class TorchAdapter(Adapter):
     name = "torch"
     supports_elastic = True
@@ -140,8 +183,6 @@ class TorchAdapter(Adapter):
             F.cross_entropy if recipe.loss == "cross_entropy" else recipe.loss  # type: ignore[assignment]
         )
         self.clip_norm = recipe.optimizer.gradient_clip_norm
-        self.passes_per_step = recipe.horovod.backward_passes_per_step
-        self.passes = 0
         compression = (
             hvd.Compression.fp16 if recipe.horovod.fp16_compression else hvd.Compression.none
         )
@@ -150,15 +191,30 @@ class TorchAdapter(Adapter):
             _optimizer(recipe.optimizer, [p for _, p in trainable]),
             named_parameters=trainable,
             compression=compression,
-            backward_passes_per_step=self.passes_per_step,
+            backward_passes_per_step=recipe.horovod.backward_passes_per_step,
         )
 
     def broadcast_state(self, include_optimizer: bool) -> None:
-        # A fresh optimizer holds no state, and Horovod would create it by taking a zero-gradient
-        # step (which moves weights under weight decay): broadcast it only when it was loaded.
         if include_optimizer:
-            hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+            self._broadcast_optimizer_state()
         hvd.broadcast_parameters(self.net.state(), root_rank=0)
+
+    def _broadcast_optimizer_state(self) -> None:
+        """Rank 0's optimizer state, exactly, even empty: its layout first (names, shapes), then
+        its tensors in place. Horovod's broadcast_optimizer_state instead makes state on ranks
+        that have none by taking a step with zero gradients, which moves weights under weight
+        decay (see ElasticTorchState)."""
+        state = self.optimizer_state()
+        layout = self.broadcast_object({n: (a.shape, a.dtype.str) for n, a in state.items()})
+        if not self.is_rank_zero:
+            self.load_optimizer_state({n: np.zeros(s, d) for n, (s, d) in layout.items()})
+        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
+        tensors = {
+            f"{index}.{key}": value
+            for index, parameter in enumerate(parameters)
+            for key, value in self.optimizer.state.get(parameter, {}).items()
+        }
+        hvd.broadcast_parameters(tensors, root_rank=0)
 
     def sync_buffers(self) -> None:
         hvd.broadcast_parameters(self.net.buffers(), root_rank=0)
@@ -166,29 +222,39 @@ class TorchAdapter(Adapter):
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
 
-    def train_step(self, x: np.ndarray, y: np.ndarray, learning_rate: float, seed: int) -> float:
-        self.net.reseed(seed)
-        inputs, labels = self._tensors(x, y)
-        loss = self.loss(self.net.forward(inputs, training=True), labels)
-        # With several backward passes per step, gradients accumulate: average them.
-        (loss / self.passes_per_step).backward()
-        self.passes += 1
-        if self.passes % self.passes_per_step == 0:
-            for group in self.optimizer.param_groups:
-                group["lr"] = learning_rate
-            self._step()
-            self.optimizer.zero_grad()
-        return float(loss.item())
+    def train_step(
+        self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray
+    ) -> StepResult:
+        losses = []
+        for index, (x, y) in enumerate(batches):
+            self.net.reseed(seed + index)
+            inputs, labels = self._tensors(x, y)
+            loss = self.loss(self.net.forward(inputs, training=True), labels)
+            # Horovod sums the batches' gradients locally before averaging over ranks.
+            (loss / len(batches)).backward()
+            losses.append(loss.detach())
+        # Sent while the gradients travel, so Horovod fuses it with them: no extra round trip.
+        loss = torch.stack(losses).mean().double().cpu().reshape(1)
+        control = torch.cat([torch.from_numpy(np.asarray(flags, np.float64)), loss])
+        handle = hvd.allreduce_async_(control, op=hvd.Sum, name="hvd_train.control")
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+        norm = self._step()
+        self.optimizer.zero_grad()
+        control = hvd.synchronize(handle)
+        loss_sum = float(control[-1])
+        return StepResult(loss_sum / self.world_size, norm, control[:-1].numpy())
 
-    def _step(self) -> None:
-        if not self.clip_norm:
-            self.optimizer.step()
-            return
-        # Clip the averaged gradients, not the local ones: finish the allreduce first.
-        self.optimizer.synchronize()
-        nn.utils.clip_grad_norm_([p for _, p in self.net.trainable()], self.clip_norm)
+    def _step(self) -> float:
+        """Applies the averaged gradients, clipped if the recipe says so; their norm."""
+        self.optimizer.synchronize()  # the averages, so that norm and clipping see them
+        parameters = [p for _, p in self.net.trainable()]
+        norm = nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+        if self.clip_norm:
+            nn.utils.clip_grads_with_norm_(parameters, self.clip_norm, norm)
         with self.optimizer.skip_synchronize():
             self.optimizer.step()
+        return float(norm)
 
     @torch.no_grad()
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -207,15 +273,13 @@ class TorchAdapter(Adapter):
         return hvd.allreduce(tensor, op=hvd.Sum, name="hvd_train.metrics").numpy()
 
     def broadcast_object(self, value: Any) -> Any:
-        return hvd.broadcast_object(value, root_rank=0)
+        return hvd.broadcast_object(value, root_rank=0, name=OBJECT_COLLECTIVE)
 
     def allgather_object(self, value: Any) -> list[Any]:
-        return list(hvd.allgather_object(value))
+        return list(hvd.allgather_object(value, name=OBJECT_COLLECTIVE))
 
-    def run_elastic(self, loop: Callable[[ElasticState], T], epoch: int, samples: int) -> T:
-        state = hvd.elastic.TorchState(
-            model=self.net.module, optimizer=self.optimizer, epoch=epoch, samples=samples
-        )
+    def run_elastic(self, loop: Callable[[ElasticState], T]) -> T:
+        state = ElasticTorchState(self)
         state.register_reset_callbacks([self._pin])  # the world changed: new rank, new share
         return hvd.elastic.run(loop)(state)
 
@@ -224,6 +288,10 @@ class TorchAdapter(Adapter):
 
     def load_weights(self, weights: Arrays) -> None:
         self.net.load_weights(weights)
+
+    def trained_state(self) -> Arrays:
+        weights = {f"weight.{n}": p.detach().cpu().numpy() for n, p in self.net.trainable()}
+        return weights | {f"optimizer.{n}": a for n, a in self.optimizer_state().items()}
 
     def optimizer_state(self) -> Arrays:
         """Each parameter's state tensors, keyed `<param index>.<name>` (`0.exp_avg`, ...)."""
@@ -235,10 +303,18 @@ class TorchAdapter(Adapter):
         }
 
     def load_optimizer_state(self, state: Arrays) -> None:
+        """Restores `state`, which must hold state for every parameter, shaped like it."""
         entries: dict[int, dict[str, torch.Tensor]] = {}
         for name, array in state.items():
-            index, key = name.split(".", 1)
-            entries.setdefault(int(index), {})[key] = torch.from_numpy(array)
+            position, key = name.split(".", 1)
+            entries.setdefault(int(position), {})[key] = torch.from_numpy(array)
+        shapes = [tuple(p.shape) for _, p in self.net.trainable()]
+        if entries and sorted(entries) != list(range(len(shapes))):
+            raise ValueError(f"state for {len(entries)} parameters, the model has {len(shapes)}")
+        for index, values in entries.items():
+            for key, tensor in values.items():  # per-parameter tensors, and scalars ("step")
+                if tensor.dim() and tuple(tensor.shape) != shapes[index]:
+                    raise ValueError(f"{index}.{key} is {tuple(tensor.shape)}, not {shapes[index]}")
         current = self.optimizer.state_dict()
         self.optimizer.load_state_dict({"state": entries, "param_groups": current["param_groups"]})
 

@@ -52,6 +52,8 @@ def _dataset(part: Any, name: str, source: str) -> Dataset:
                 f"{source}: data()'s {name} part has {len(x)} examples and labels of "
                 f"{y.dtype} {list(y.shape)}; give one integer label per example"
             )
+        if x.dtype.kind in "fc" and not np.isfinite(x).all():
+            raise UsageError(f"{source}: data()'s {name} inputs hold NaN or infinite values")
         dataset: Dataset = ArrayDataset(x, y)
     elif hasattr(part, "__len__") and hasattr(part, "__getitem__"):
         dataset = part

@@ -14,28 +14,31 @@ def epoch_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_samples)
 
 
-def steps_per_epoch(num_samples: int, world_size: int, batch_size: int) -> int:
-    """Training steps per epoch, the same on every rank so none waits in a collective."""
-    steps = math.ceil(math.ceil(num_samples / world_size) / batch_size)
-    if num_samples // world_size < steps:
+def steps_per_epoch(num_samples: int, world_size: int, batch_size: int, passes: int = 1) -> int:
+    """Optimizer steps per epoch, the same on every rank so none waits in a collective. Each
+    step takes `passes` batches of at most `batch_size` on every rank (gradient accumulation)."""
+    steps = math.ceil(math.ceil(num_samples / world_size) / (batch_size * passes))
+    if num_samples // world_size < steps * passes:
         raise UsageError(
-            f"{num_samples} samples cannot fill {steps} steps on each of {world_size} ranks; "
-            "raise --batch-size or use fewer processes"
+            f"{num_samples} samples cannot fill {steps * passes} batches on each of "
+            f"{world_size} ranks; raise --batch-size or use fewer processes"
         )
     return steps
 
 
-def shard_batches(
-    order: np.ndarray, rank: int, world_size: int, batch_size: int
-) -> list[np.ndarray]:
-    """This rank's batches of sample indices for one epoch.
+def shard_steps(
+    order: np.ndarray, rank: int, world_size: int, batch_size: int, passes: int = 1
+) -> list[list[np.ndarray]]:
+    """This rank's steps for one epoch, each a list of `passes` batches of sample indices.
 
     Rank r takes every world_size-th sample of `order` starting at r, so the shards are disjoint
     and cover every sample. Shards differ in length by at most one; splitting each into the same
-    number of near-equal batches (none larger than `batch_size`) keeps step counts equal.
+    number of near-equal batches (none larger than `batch_size`) keeps step counts equal, and an
+    epoch holds whole steps, so an accumulation never straddles an epoch's end.
     """
-    shard = order[rank::world_size]
-    return np.array_split(shard, steps_per_epoch(len(order), world_size, batch_size))
+    steps = steps_per_epoch(len(order), world_size, batch_size, passes)
+    batches = np.array_split(order[rank::world_size], steps * passes)
+    return [batches[step * passes : (step + 1) * passes] for step in range(steps)]
 
 
 def eval_indices(num_samples: int, rank: int, world_size: int) -> np.ndarray:

@@ -34,8 +34,20 @@ def is_python_reference(reference: str) -> bool:
 
 
 def _import_file(path: Path) -> ModuleType:
-    if not path.is_file():
-        raise UsageError(f"cannot read recipe {path}: no such file; check the --recipe path")
+    try:
+        source = path.read_bytes()
+    except OSError as error:
+        raise UsageError(
+            f"cannot read recipe {path}: {error.strerror or error}; check the --recipe path"
+        ) from None
+    try:
+        if b"\0" in source:
+            raise ValueError("it holds NUL bytes")
+        source.decode()
+    except ValueError as error:
+        raise UsageError(
+            f"{path} is not Python source ({error}); check the --recipe path"
+        ) from None
     name = f"hvd_train_recipe_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
@@ -45,6 +57,8 @@ def _import_file(path: Path) -> ModuleType:
     sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
+    except UsageError as error:  # a mistake in the recipe's settings
+        raise UsageError(f"{path}: {error}") from None
     finally:
         sys.path.remove(str(path.parent))
     return module
@@ -53,6 +67,8 @@ def _import_file(path: Path) -> ModuleType:
 def _import_module(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
+    except UsageError as error:  # a mistake in the recipe's settings
+        raise UsageError(f"{name}: {error}") from None
     except ModuleNotFoundError as error:
         if error.name is None or not name.startswith(error.name):
             raise  # the recipe itself imports something missing: its own traceback says what
@@ -76,10 +92,6 @@ def load_python_recipe(reference: str) -> Recipe:
         raise UsageError(
             f"{error.filename}:{error.lineno}: {error.msg}; fix the recipe's syntax"
         ) from None
-    except UsageError as error:
-        if str(error).startswith(("cannot read recipe", "cannot import recipe")):
-            raise
-        raise UsageError(f"{target}: {error}") from None
     recipe = getattr(module, attribute, None)
     if not isinstance(recipe, Recipe):
         found = "nothing" if recipe is None else f"a {type(recipe).__name__}"

@@ -43,11 +43,12 @@ else:
 saved["trained_parameters"] = np.array(trained)
 
 # One step at learning rate 0 moves only batchnorm's running statistics.
-adapter.train_step(*take(data.train, np.arange(64)), 0.0, 0)
+adapter.train_step([take(data.train, np.arange(64))], 0.0, 0, np.zeros(2))
 saved |= {f"stepped.{name}": array for name, array in adapter.weights().items()}
 
 for step in range(2):  # give the optimizer some state
-    adapter.train_step(*take(data.train, np.arange(64 * step, 64 * (step + 1))), 0.001, step)
+    batch = take(data.train, np.arange(64 * step, 64 * (step + 1)))
+    adapter.train_step([batch], 0.001, step, np.zeros(2))
 state = adapter.optimizer_state()
 fresh = ready_adapter(seed=1)
 fresh.load_optimizer_state(state)

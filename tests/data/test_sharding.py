@@ -1,24 +1,27 @@
 import numpy as np
 import pytest
 
-from hvd_train.data.sharding import epoch_order, eval_indices, shard_batches, steps_per_epoch
+from hvd_train.data.sharding import epoch_order, eval_indices, shard_steps, steps_per_epoch
 from hvd_train.errors import UsageError
 
 
 @pytest.mark.parametrize(
-    ("samples", "world", "batch"),
-    [(60000, 2, 64), (60000, 3, 64), (1001, 4, 10), (10, 3, 2), (7, 2, 3)],
-)
-def test_shards_are_disjoint_cover_everything_and_take_equal_steps(samples, world, batch):
+    ("samples", "world", "batch", "passes"),
+    [(60000, 2, 64, 1), (60000, 3, 64, 1), (1001, 4, 10, 1), (10, 3, 2, 1), (7, 2, 3, 1),
+     (60000, 2, 64, 2), (1001, 4, 10, 3), (12, 2, 2, 3)],
+)  # fmt: skip
+def test_shards_are_disjoint_cover_everything_and_take_equal_whole_steps(
+    samples, world, batch, passes
+):
     order = epoch_order(samples, seed=1, epoch=0)
-    per_rank = [shard_batches(order, rank, world, batch) for rank in range(world)]
-    steps = {len(batches) for batches in per_rank}
-    assert steps == {steps_per_epoch(samples, world, batch)}
-    seen = np.concatenate([np.concatenate(batches) for batches in per_rank])
+    per_rank = [shard_steps(order, rank, world, batch, passes) for rank in range(world)]
+    assert {len(steps) for steps in per_rank} == {steps_per_epoch(samples, world, batch, passes)}
+    assert {len(step) for steps in per_rank for step in steps} == {passes}  # whole steps only
+    batches = [batch for steps in per_rank for step in steps for batch in step]
+    seen = np.concatenate(batches)
     assert len(seen) == samples
     assert np.array_equal(np.sort(seen), np.arange(samples))
-    sizes = [len(b) for batches in per_rank for b in batches]
-    assert min(sizes) >= 1 and max(sizes) <= batch
+    assert min(map(len, batches)) >= 1 and max(map(len, batches)) <= batch
 
 
 def test_order_is_shared_by_ranks_and_reshuffled_every_epoch():
@@ -30,6 +33,8 @@ def test_order_is_shared_by_ranks_and_reshuffled_every_epoch():
 def test_too_small_a_dataset_for_the_world_is_refused():
     with pytest.raises(UsageError, match="raise --batch-size or use fewer processes"):
         steps_per_epoch(5, 2, 1)
+    with pytest.raises(UsageError, match="cannot fill 4 batches on each of 2 ranks"):
+        steps_per_epoch(7, 2, 3, passes=4)
 
 
 @pytest.mark.parametrize(("samples", "world"), [(10000, 2), (10000, 3), (7, 4)])

@@ -59,6 +59,8 @@ def test_a_python_recipes_arrays_and_objects_become_datasets():
         (((np.zeros((3, 2)), np.zeros(3, int)), 7), "data()'s test part is int"),
         (((np.zeros((0, 2)), np.zeros(0, int)), (np.zeros((1, 2)), np.zeros(1, int))),
          "data()'s train part is empty"),
+        (((np.zeros((3, 2)), np.zeros(3, int)), (np.full((1, 2), np.inf), np.zeros(1, int))),
+         "data()'s test inputs hold NaN or infinite values"),
     ],
 )  # fmt: skip
 def test_a_wrong_return_from_a_python_recipes_data_is_one_line(returned, message):

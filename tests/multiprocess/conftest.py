@@ -1,9 +1,12 @@
 import functools
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -25,6 +28,49 @@ def horovodrun(
             f"{' '.join(command)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         )
     return result
+
+
+STARTED: list[subprocess.Popen] = []  # jobs the tests started in the background
+
+
+def start(*arguments: str) -> subprocess.Popen:
+    """`horovodrun -np 2 --gloo python -m hvd_train ARGUMENTS` in the background; killed with
+    all its workers at the end of the test if it still runs then."""
+    command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, "-m", "hvd_train", *arguments]
+    return background(command)
+
+
+def background(command: list[str], **options) -> subprocess.Popen:
+    job = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **options
+    )
+    STARTED.append(job)
+    return job
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test():
+    yield
+    while STARTED:
+        job = STARTED.pop()
+        if job.poll() is None:
+            kill_job(job)
+
+
+def kill_job(job: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Kills horovodrun and every worker it started."""
+    processes = [*psutil.Process(job.pid).children(recursive=True), psutil.Process(job.pid)]
+    for process in processes:
+        process.send_signal(sig)
+    job.wait(timeout=60)
+
+
+def wait_for(condition, job: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert job.poll() is None, f"the job ended early:\n{job.stdout.read()}"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def script(name: str) -> str:

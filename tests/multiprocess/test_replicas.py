@@ -66,23 +66,41 @@ def test_broadcast_then_steps_on_different_data_keep_replicas_identical(
     assert_same(optimizer[0], optimizer[1])
 
 
+# Variants of plain SGD (no dropout) on 64 images a step: two ranks of 32 (or two passes of 16
+# each) must take the step one process takes on all 64 at once, if and only if the gradients
+# are averaged (and clipped, compressed, accumulated) as they should be. fp16 rounds.
+STEP_VARIANTS = {
+    "sgd": ({}, 1e-6),
+    "clipped": ({"gradient_clip_norm = 0.0": "gradient_clip_norm = 0.05"}, 1e-6),
+    "accumulated": ({"batch_size = 32": "batch_size = 16",
+                     "backward_passes_per_step = 1": "backward_passes_per_step = 2"}, 1e-6),
+    "fp16": ({"fp16_compression = false": "fp16_compression = true"}, 2e-6),
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_two_ranks_take_the_step_one_process_takes_on_both_batches(framework, mnist_dir, tmp_path):
-    # Plain SGD, no dropout: one step on two ranks with 32 images each must equal one step of a
-    # single process on the 64 images, if and only if the gradients are averaged.
-    recipe = tmp_path / "sgd.toml"
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+def test_two_ranks_take_the_step_one_process_takes_on_both_batches(
+    framework, variant, mnist_dir, tmp_path
+):
+    changes, tolerance = STEP_VARIANTS[variant]
     text = MNIST_CNN.read_text().replace('name = "adam"', 'name = "sgd"')
-    recipe.write_text(
-        text.replace("rate = 0.5", "rate = 0.0").replace("batch_size = 64", "batch_size = 32")
-    )
-    horovodrun(script("worker.py"), framework, str(recipe), str(mnist_dir), str(tmp_path), "1")
-    alone(script("worker.py"), framework, str(recipe), str(mnist_dir), str(tmp_path), "1")
+    text = text.replace("rate = 0.5", "rate = 0.0").replace("batch_size = 64", "batch_size = 32")
+    for old, new in changes.items():
+        assert old in text
+        text = text.replace(old, new)
+    recipe = tmp_path / "sgd.toml"
+    recipe.write_text(text)
+    arguments = [script("worker.py"), framework, str(recipe), str(mnist_dir), str(tmp_path), "2"]
+    horovodrun(*arguments)
+    # The reference: all 64 images in one batch, one pass, no compression.
+    alone(*arguments, "backward_passes_per_step=1", "fp16_compression=false")
     start = load(tmp_path / "broadcast-1-0.npz")
     assert_same(load(tmp_path / "broadcast-2-0.npz"), start)
     reference = load(tmp_path / "trained-1-0.npz")
     assert differ(reference, start)
     for rank in range(2):
-        assert_same(load(tmp_path / f"trained-2-{rank}.npz"), reference, atol=1e-6)
+        assert_same(load(tmp_path / f"trained-2-{rank}.npz"), reference, atol=tolerance)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

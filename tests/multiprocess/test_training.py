@@ -63,6 +63,8 @@ def test_resume_continues_from_the_saved_epoch(first_run, tmp_path):
     _, base, arguments, _ = first_run
     shutil.copytree(base / "rank0", tmp_path / "rank0")  # the shared run stays as it was
     first_loss = read_metrics(tmp_path / "rank0")[0]["loss"]
+    leftover = tmp_path / "rank0" / "checkpoints" / ".epoch-0001-sample-00000640.partial-999"
+    leftover.mkdir()  # what a writer killed mid-checkpoint leaves
     resume = [*arguments, "--epochs", "2", "--resume"]
     output = horovodrun(script("cli_per_rank.py"), str(tmp_path), *resume).stdout
     assert f"resuming from {tmp_path}/rank0/checkpoints/{checkpoint_name(1, 0)}" in output
@@ -72,5 +74,5 @@ def test_resume_continues_from_the_saved_epoch(first_run, tmp_path):
     # Restored weights start far better than the fresh model's first steps.
     assert epoch_two[0]["loss"] < first_loss / 2
     checkpoints = sorted(p.name for p in (tmp_path / "rank0" / "checkpoints").iterdir())
-    assert checkpoints == [checkpoint_name(1, 0), checkpoint_name(2, 0)]
+    assert checkpoints == [checkpoint_name(1, 0), checkpoint_name(2, 0)]  # the leftover is gone
     assert json.loads((tmp_path / "rank0" / "summary.json").read_text())["epochs"] == 2

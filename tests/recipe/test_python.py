@@ -88,7 +88,10 @@ def test_mistakes_in_a_python_recipe_are_one_line_naming_the_file(
 
 
 def test_missing_recipe_file_and_module():
-    with pytest.raises(UsageError, match="cannot read recipe nowhere.py: no such file"):
+    with pytest.raises(
+        UsageError,
+        match="cannot read recipe nowhere.py: No such file or directory; check the --recipe path",
+    ):
         load_recipe("nowhere.py")
     with pytest.raises(UsageError, match="cannot import recipe module 'no_such_package.x'"):
         load_recipe("no_such_package.x:recipe")
@@ -97,3 +100,23 @@ def test_missing_recipe_file_and_module():
 def test_an_error_in_the_recipes_own_code_keeps_its_traceback(tmp_path):
     with pytest.raises(ZeroDivisionError):
         load_recipe(write(tmp_path, "1 / 0\n"))
+
+
+@pytest.mark.parametrize(
+    "content", [b"\x00\x01\x02binary", b"\xff\xfe not utf-8", b"recipe = 1\x00\n"]
+)
+def test_a_recipe_file_that_is_not_python_is_one_line(tmp_path, content):
+    path = tmp_path / "mine.py"
+    path.write_bytes(content)
+    with pytest.raises(UsageError, match=rf"^{tmp_path}/mine.py is not Python source \(") as error:
+        load_recipe(str(path))
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("content", [b"\x00\x01\x02binary", b"\xff\xfe[data]", b"[data\n"])
+def test_a_toml_recipe_that_is_not_toml_is_one_line(tmp_path, content):
+    path = tmp_path / "mine.toml"
+    path.write_bytes(content)
+    with pytest.raises(UsageError, match=rf"{tmp_path}/mine.toml") as error:
+        load_recipe(str(path))
+    assert "\n" not in str(error.value)

@@ -1,0 +1,115 @@
+"""What a resumed run takes from its checkpoint: the recipe as it trained (overrides
+included), the seed, and by default the framework. The user types only `--resume
+--output-dir`; a flag that contradicts the checkpoint is refused, naming the difference, except
+the safe changes: more epochs, another world size, and how the run is watched (logging,
+checkpoint frequency).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from hvd_train.adapters import Adapter
+from hvd_train.checkpoint import Checkpoint, checkpoints, load_newest_valid
+from hvd_train.errors import UsageError
+from hvd_train.recipe import Recipe, load_recipe
+from hvd_train.recipe.toml import parse_toml_recipe
+
+SAFE_CHANGES = ("schedule.epochs",)
+
+
+def saved_framework(output_dir: Path) -> str | None:
+    """The framework of the run's newest checkpoint, if this rank can read it: the default of
+    --framework when resuming."""
+    found = checkpoints(output_dir / "checkpoints")
+    try:
+        return str(json.loads((found[-1] / "state.json").read_text())["framework"])
+    except (IndexError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def read_resume_point(
+    adapter: Adapter, output_dir: Path, everywhere: bool
+) -> tuple[Checkpoint | None, dict, str]:
+    """Rank 0 reads the newest valid checkpoint; every rank gets its state and recipe text,
+    rank 0 also the checkpoint (the others receive the weights by broadcast later). With
+    `everywhere` (elastic jobs), each rank reads it itself, with no collective."""
+    found: list[Checkpoint] = []
+
+    def read() -> tuple[dict[str, Any], str]:
+        checkpoint = load_newest_valid(output_dir / "checkpoints")
+        if checkpoint is None:
+            raise UsageError(
+                f"nothing to resume: {output_dir / 'checkpoints'} holds no valid checkpoint; "
+                "leave out --resume to start a new run"
+            )
+        found.append(checkpoint)
+        return checkpoint.state | {"path": str(checkpoint.path)}, checkpoint.recipe_text
+
+    state, recipe_text = read() if everywhere else adapter.on_rank_zero(read)
+    return (found[0] if found and adapter.is_rank_zero else None), state, recipe_text
+
+
+def saved_recipe(state: dict[str, Any], recipe_text: str, reference: str | None = None) -> Recipe:
+    """The recipe a checkpoint was trained with: a neutral recipe from its saved effective
+    TOML; a Python recipe from its code (at `reference` if given, else where it was), with the
+    saved settings."""
+    path = Path(state["path"]) / "recipe.toml"
+    if reference is None and state["layout"] == "neutral":
+        return parse_toml_recipe(recipe_text, state["recipe"], str(path), path.parent)
+    recipe = load_recipe(reference or state["recipe_source"])
+    if state["layout"] == "neutral":
+        return recipe
+    tables = tomllib.loads(recipe_text)
+    saved = {
+        f"{section}.{key}": value
+        for section in ("data", "optimizer", "schedule", "horovod")
+        for key, value in tables.get(section, {}).items()
+        if key != "python"
+    }
+    return recipe.with_overrides(saved)
+
+
+def _flat(recipe: Recipe) -> dict[str, Any]:
+    """Every setting by `section.key` (the description is not one)."""
+    table = recipe.settings_table()
+    del table["description"]
+    return {
+        f"{section}.{key}": value
+        for section, values in table.items()
+        for key, value in values.items()
+    }
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else "another value"
+
+
+def check_same_run(saved: Recipe, given: Recipe, checkpoint: str) -> None:
+    """Refuses `given` (the flags' and recipe's settings) if it differs from the checkpoint's
+    in anything but the safe changes."""
+    before, now = _flat(saved), _flat(given)
+    for key in sorted(before.keys() | now.keys()):
+        if key not in SAFE_CHANGES and before.get(key) != now.get(key):
+            raise UsageError(
+                f"--resume: {key} is {_shown(now.get(key))} here but {_shown(before.get(key))} "
+                f"in checkpoint {checkpoint}; leave it out to continue the run as it trained, or "
+                "start a new run in another --output-dir"
+            )
+
+
+def resumed_option(state: dict[str, Any], flag: str, given: Any) -> Any:
+    """The run's own value of a flag that shapes what trains (--seed, --limit-steps); a given
+    one must agree with it."""
+    saved = state.get(flag.removeprefix("--").replace("-", "_"))
+    if given is not None and given != saved:
+        raise UsageError(
+            f"--resume: {flag} {given} differs from the run's "
+            f"{'none' if saved is None else saved} (checkpoint {state['path']}); leave {flag} "
+            "out to continue the run with its own"
+        )
+    return saved

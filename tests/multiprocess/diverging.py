@@ -1,0 +1,84 @@
+"""Python recipes that go wrong at step 13 of every rank, for the tests of non-finite numbers.
+
+`recipe`: a Keras model (both frameworks) whose training inputs turn to NaN at the 13th batch a
+rank asks for, so the loss becomes NaN. `nan_gradients` (torch): the loss stays finite from
+step 13 on, but its gradients are NaN.
+"""
+
+import numpy as np
+
+from hvd_train import Recipe, Schedule
+
+TURNS_AT = 13
+
+
+def corner_squares():
+    """Four classes: a bright square in one corner of a 12x12 image, on noise."""
+    rng = np.random.default_rng(1)
+    parts = []
+    for count in (2000, 400):
+        labels = rng.integers(0, 4, count)
+        images = rng.uniform(0, 0.3, (count, 12, 12, 1)).astype(np.float32)
+        for label, (row, col) in enumerate([(1, 1), (1, 7), (7, 1), (7, 7)]):
+            images[labels == label, row : row + 4, col : col + 4] += 0.6
+        parts.append((images, labels))
+    return tuple(parts)
+
+
+class TurnsToNaN:
+    """The training set, as a dataset object that returns NaN from its 13th batch on."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x, self.y, self.calls = x, y, 0
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, indices):
+        self.calls += 1
+        x = self.x[indices]
+        return (np.full_like(x, np.nan) if self.calls >= TURNS_AT else x), self.y[indices]
+
+
+def nan_data():
+    (x, y), test = corner_squares()
+    return TurnsToNaN(x, y), test
+
+
+def keras_mlp():
+    import keras
+
+    layers = keras.layers
+    return keras.Sequential(
+        [keras.Input((12, 12, 1)), layers.Flatten(), layers.Dense(32, "relu"), layers.Dense(4)]
+    )
+
+
+def torch_mlp():
+    from torch import nn
+
+    return nn.Sequential(nn.Flatten(), nn.Linear(144, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+calls = [0]
+
+
+def loss_with_nan_gradients(logits, labels):
+    """Cross-entropy, plus from the 13th training step on a term whose value is 0 but whose
+    gradient is NaN (0 x d sqrt(x)/dx at 0)."""
+    import torch
+    import torch.nn.functional as F
+
+    loss = F.cross_entropy(logits, labels)
+    if torch.is_grad_enabled():  # training, not evaluation
+        calls[0] += 1
+        if calls[0] >= TURNS_AT:
+            loss = loss + 0.0 * torch.sqrt(logits.sum() * 0.0)
+    return loss
+
+
+recipe = Recipe(data=nan_data, keras_model=keras_mlp, schedule=Schedule(batch_size=32))
+nan_gradients = Recipe(
+    data=corner_squares, torch_model=torch_mlp, loss=loss_with_nan_gradients,
+    schedule=Schedule(batch_size=32),
+)  # fmt: skip

@@ -1,0 +1,91 @@
+"""Elastic training (torch) under horovodrun's elastic launcher: workers leave and join, the
+job goes on, and every replica holds the same weights and optimizer state (the trainer checks
+that bit for bit at every epoch's end, and stops the job if they differ)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO
+from tests.multiprocess.conftest import HOROVODRUN, background, wait_for
+
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.slow,
+    pytest.mark.torch,
+    pytest.mark.timeout(900),
+]
+EXAMPLES = REPO / "recipes" / "examples"
+
+
+def elastic_job(tmp_path: Path, np: int, *arguments: str) -> tuple[subprocess.Popen, Path]:
+    """An elastic job whose hosts are listed in `hosts` beside it (the discovery script prints
+    that file). Two "hosts" that are both this machine: Horovod blacklists the host of a failed
+    worker, so a survivor must be on another one."""
+    hosts = tmp_path / "hosts"
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    output_dir = tmp_path / "run"
+    # The interface named: else horovodrun's elastic driver waits for two hosts to find one.
+    elastic = ["-np", str(np), "--min-np", "1", "--max-np", "2", "--gloo",
+               "--network-interface", "lo", "--host-discovery-script", str(discover)]  # fmt: skip
+    command = [str(HOROVODRUN), *elastic, sys.executable, "-m", "hvd_train", "--elastic",
+               "--output-dir", str(output_dir), *arguments]  # fmt: skip
+    # Both "hosts" share this machine's cores: one thread each, or they oversubscribe them.
+    environment = os.environ | {"HVD_TRAIN_THREADS": "1"}
+    job = background(command, env=environment)
+    return job, output_dir
+
+
+def train_records(run: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["kind"] == "train"]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "epochs", "accuracy"),
+    [("mnist_cnn", 4, 0.99), (str(EXAMPLES / "mnist_resnet_torch.py"), 1, 0.98)],
+    ids=["mnist_cnn", "python-recipe"],
+)
+def test_the_job_goes_on_without_a_killed_worker_and_reaches_the_recipes_accuracy(
+    recipe, epochs, accuracy, mnist_dir, tmp_path
+):
+    (tmp_path / "hosts").write_text("localhost:1\n127.0.0.1:1\n")
+    job, output_dir = elastic_job(tmp_path, 2, "--recipe", recipe, "--data-dir", str(mnist_dir))
+    wait_for((output_dir / "metrics.jsonl").exists, job)  # 50 steps trained, state committed
+    workers = [
+        p for p in psutil.Process(job.pid).children(recursive=True) if "HOROVOD_RANK" in p.environ()
+    ]
+    victim = next(p for p in workers if p.environ()["HOROVOD_HOSTNAME"] == "127.0.0.1")
+    victim.kill()
+    output, _ = job.communicate(timeout=900)
+    assert job.returncode == 0, output
+    summary = json.loads((output_dir / "summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["epochs"] == epochs
+    assert summary["learning_rate"] == pytest.approx(0.002 if epochs == 1 else 0.001)
+    assert summary["test_accuracy"] >= accuracy, summary
+    # The rollback to the last commit dropped the records of the steps it undid.
+    samples = [record["samples"] for record in train_records(output_dir)]
+    assert samples == sorted(set(samples))
+
+
+def test_a_worker_that_joins_holds_the_same_replica_under_weight_decay(mnist_dir, tmp_path):
+    # Weight decay makes a zero-gradient step move the weights: the joining worker must not
+    # take one (Horovod's own TorchState does, on the newcomer only).
+    (tmp_path / "hosts").write_text("localhost:1\n")
+    settings = ["--set", "optimizer.name=adamw", "--set", "optimizer.weight_decay=0.05"]
+    job, output_dir = elastic_job(tmp_path, 1, "--data-dir", str(mnist_dir), *settings)
+    wait_for((output_dir / "metrics.jsonl").exists, job)
+    (tmp_path / "hosts").write_text("localhost:1\n127.0.0.1:1\n")  # a second worker joins
+    output, _ = job.communicate(timeout=900)
+    assert job.returncode == 0, output
+    summary = json.loads((output_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 4  # it joined, and stayed
+    assert summary["learning_rate"] == pytest.approx(0.002)
+    assert summary["test_accuracy"] >= 0.99, summary
