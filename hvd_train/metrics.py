@@ -1,9 +1,11 @@
-"""Rank 0's record of a run: `metrics.jsonl` (one JSON object per logged step and evaluation)
-and `summary.json`. Every rank holds a writer; only rank 0's writes.
+"""Rank 0's record of a run: `metrics.jsonl` (one JSON object per logged step and evaluation),
+TensorBoard event files beside it, and `summary.json`. Every rank holds a writer; only rank
+0's writes.
 
-Each record carries `samples`, the training examples seen since the run began: unlike step
-numbers it means the same whatever the world size, so records after a point the run goes back
-to (a resume, an elastic rollback) can be dropped, and curves of different runs line up.
+Each record carries `samples`, the training examples seen since the run began, and `epochs`,
+the same in epochs: unlike step numbers they mean the same whatever the world size, so records
+after a point the run goes back to (a resume, an elastic rollback) can be dropped, and curves of
+different runs line up. TensorBoard's step is `samples` for the same reasons.
 """
 
 from __future__ import annotations
@@ -14,6 +16,16 @@ from typing import Any
 
 from hvd_train.errors import UsageError
 
+# metrics.jsonl keys -> TensorBoard tags
+TAGS = {
+    "loss": "train/loss",
+    "learning_rate": "train/learning_rate",
+    "images_per_second": "speed/images_per_second",
+    "step_ms": "speed/step_ms",
+    "test_loss": "test/loss",
+    "test_accuracy": "test/accuracy",
+}
+
 
 def write_error(path: Path, error: OSError) -> str:
     return (
@@ -23,23 +35,41 @@ def write_error(path: Path, error: OSError) -> str:
 
 
 class MetricsWriter:
-    def __init__(self, output_dir: Path, enabled: bool) -> None:
-        self.path, self.enabled = output_dir / "metrics.jsonl", enabled
+    def __init__(self, output_dir: Path, enabled: bool, train_size: int) -> None:
+        self.path, self.enabled, self.train_size = output_dir / "metrics.jsonl", enabled, train_size
         self.failure: str | None = None  # the first write that failed; training then stops
+        self.board: Any = None  # TensorBoard's writer, opened at the first record
+        self.purge_from: int | None = None  # TensorBoard drops the events from this step on
 
     def _append(self, record: dict[str, Any]) -> None:
         if not self.enabled or self.failure:
             return
+        record["epochs"] = round(record["samples"] / self.train_size, 4)
         try:
             with self.path.open("a") as out:
                 out.write(json.dumps(record) + "\n")
+            self._board(record)
         except OSError as error:
             self.failure = write_error(self.path, error)
 
-    def train(self, epoch: int, step: int, samples: int, loss: float, learning_rate: float) -> None:
-        """The loss averaged across ranks over the steps up to global step `step` (1-based)."""
+    def _board(self, record: dict[str, Any]) -> None:
+        if self.board is None:
+            from tensorboardX import SummaryWriter
+
+            self.board = SummaryWriter(str(self.path.parent), purge_step=self.purge_from)
+        for key, tag in TAGS.items():
+            if key in record:
+                self.board.add_scalar(tag, record[key], record["samples"])
+        self.board.flush()
+
+    def train(self, epoch: int, step: int, samples: int, loss: float, learning_rate: float,
+              images_per_second: float, step_ms: float) -> None:  # fmt: skip
+        """The loss averaged across ranks over the steps up to global step `step` (1-based),
+        and the speed over them."""
         self._append({"kind": "train", "epoch": epoch, "step": step, "samples": samples,
-                      "loss": loss, "learning_rate": learning_rate})  # fmt: skip
+                      "loss": loss, "learning_rate": learning_rate,
+                      "images_per_second": round(images_per_second, 1),
+                      "step_ms": round(step_ms, 2)})  # fmt: skip
 
     def eval(
         self, epoch: int, step: int, samples: int, test_loss: float, test_accuracy: float
@@ -49,7 +79,11 @@ class MetricsWriter:
 
     def keep_until(self, samples: int) -> None:
         """Drops the records after `samples`: the run goes back there and records them anew."""
-        if not self.enabled or not self.path.exists():
+        if not self.enabled:
+            return
+        self.close()
+        self.purge_from = samples + 1
+        if not self.path.exists():
             return
         try:
             records = [json.loads(line) for line in self.path.read_text().splitlines() if line]
@@ -62,8 +96,14 @@ class MetricsWriter:
     def summary(self, summary: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        self.close()
         path = self.path.with_name("summary.json")
         try:
             path.write_text(json.dumps(summary, indent=2) + "\n")
         except OSError as error:
             raise UsageError(write_error(path, error)) from None
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+            self.board = None

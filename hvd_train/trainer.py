@@ -38,9 +38,11 @@ from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.errors import Stopped, UsageError
 from hvd_train.evaluation import evaluate
 from hvd_train.metrics import MetricsWriter, write_error
+from hvd_train.plot import plot_runs
 from hvd_train.progress import Position, Progress
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.toml import recipe_toml
+from hvd_train.report import EpochProgress
 from hvd_train.schedule import LearningRateSchedule
 from hvd_train.stopping import StopRequests
 
@@ -76,9 +78,10 @@ def step_seed(seed: int, global_step: int, rank: int) -> int:
 class Trainer:
     def __init__(self, adapter: Adapter, data: Splits, recipe: Recipe, options: RunOptions) -> None:
         self.adapter, self.data, self.recipe, self.options = adapter, data, recipe, options
-        self.metrics = MetricsWriter(options.output_dir, adapter.is_rank_zero)
+        self.metrics = MetricsWriter(options.output_dir, adapter.is_rank_zero, len(data.train))
         self.checkpoint_dir = options.output_dir / "checkpoints"
         self.images_trained, self.step_seconds = 0, 0.0
+        self.logged = (0, 0.0)  # images and seconds at the last record
         self.elastic_state: ElasticState | None = None
         self.requests = StopRequests()
         self.resize()
@@ -124,17 +127,11 @@ class Trainer:
         shard = shard_steps(order, adapter.rank, adapter.world_size,
                             self.recipe.schedule.batch_size,
                             self.recipe.horovod.backward_passes_per_step)  # fmt: skip
-        bar = tqdm(
-            range(first_step, steps),
-            desc=f"epoch {epoch + 1}/{self.recipe.schedule.epochs}",
-            unit="step",
-            disable=not adapter.is_rank_zero,
-            leave=False,
-            mininterval=0.5,
-        )
+        label = f"epoch {epoch + 1}/{self.recipe.schedule.epochs}"
+        report = EpochProgress(label, first_step, steps, adapter.is_rank_zero)
         window: list[float] = []
         total = 0.0
-        for index in bar:
+        for index in range(first_step, steps):
             step = self.progress.global_step(Position(epoch, index))
             result = self.run_step(shard[index], step)
             done = Position(epoch, index + 1)
@@ -142,12 +139,24 @@ class Trainer:
             window.append(result.loss)
             if len(window) == self.options.log_every or done.step == steps:
                 total += sum(window)
-                average, window = float(np.mean(window)), []
-                bar.set_postfix(loss=f"{average:.4f}", lr=f"{self.schedule(step):.2e}")
-                self.metrics.train(epoch + 1, step + 1, self.examples(done), average,
-                                   self.schedule(step))  # fmt: skip
+                self.log_window(window, done, step, report)
+                window = []
+            report.step(done.step)
             self.after_step(done)
+        report.close()
         return total / max(1, steps - first_step)
+
+    def log_window(
+        self, losses: list[float], done: Position, step: int, report: EpochProgress
+    ) -> None:
+        """Records the steps since the last record: their mean loss, and the speed."""
+        images, seconds = self.images_trained - self.logged[0], self.step_seconds - self.logged[1]
+        self.logged = (self.images_trained, self.step_seconds)
+        average, rate = float(np.mean(losses)), self.schedule(step)
+        speed = images / max(seconds, 1e-9)
+        report.show(loss=f"{average:.4f}", lr=f"{rate:.2e}", images_per_s=f"{speed:.0f}")
+        self.metrics.train(done.epoch + 1, step + 1, self.examples(done), average, rate,
+                           speed, 1000 * seconds / len(losses))  # fmt: skip
 
     def check_step(self, result: StepResult, done: Position) -> None:
         """Stops every rank, at the same step, when the step's numbers are not finite or any
@@ -347,6 +356,12 @@ class Trainer:
             "images_per_second": round(self.images_trained / max(self.step_seconds, 1e-9), 1),
             "hosts": dict(Counter(adapter.allgather_object(host_name()))),
             "hvd_train_version": __version__,
+            "settings": recipe.settings_table(),  # the effective recipe
         }
-        adapter.on_rank_zero(lambda: self.metrics.summary(summary))
+        adapter.on_rank_zero(lambda: self.finish(summary))
         return summary
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Rank 0 writes summary.json and draws the run's curves.png."""
+        self.metrics.summary(summary)
+        plot_runs([self.options.output_dir], self.options.output_dir / "curves.png")

@@ -5,6 +5,7 @@ fix, exit code 2, no traceback, and leaves a run's saved checkpoint untouched.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -303,9 +304,11 @@ def test_debug_shows_the_traceback():
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
-def test_elastic_under_tensorflow_is_refused():
-    result = run("--framework", "tensorflow", "--elastic")
+def test_elastic_under_tensorflow_is_refused(tmp_path):
+    result = run("--framework", "tensorflow", "--elastic", "--output-dir", str(tmp_path))
     assert_usage_error(result, "--elastic is not available with --framework tensorflow")
+    result = run("--elastic")
+    assert_usage_error(result, "--elastic needs --output-dir, a folder that every host sees")
 
 
 def test_a_torch_only_recipe_under_tensorflow_is_refused(tmp_path):
@@ -331,3 +334,18 @@ def test_show_recipe_prints_the_effective_recipe(tmp_path):
     )
     assert shown.settings_table() == expected.settings_table()
     assert f"hash {expected.recipe_hash()}" in result.stdout.splitlines()[0]
+
+
+def test_every_flag_passes_through_horovodrun():
+    # horovodrun parses the whole command line first; a flag of ours that abbreviates two of
+    # its options (as --timeline did --timeline-filename and --timeline-mark-cycles) stops it.
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    theirs = set(re.findall(r"--[a-z][a-z-]+", run_horovodrun_help(horovodrun)))
+    ours = set(re.findall(r"^  (--[a-z][a-z-]+)", run("train", "--help").stdout, re.MULTILINE))
+    assert ours and theirs
+    for flag in ours:
+        assert len([option for option in theirs if option.startswith(flag)]) <= 1, flag
+
+
+def run_horovodrun_help(horovodrun: Path) -> str:
+    return subprocess.run([str(horovodrun), "--help"], capture_output=True, text=True).stdout

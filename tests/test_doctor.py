@@ -1,5 +1,6 @@
 """`hvd-train doctor`, run as a user runs it."""
 
+import os
 import subprocess
 import sys
 
@@ -25,9 +26,25 @@ def test_missing_data_and_an_unreachable_host_fail_with_their_fixes(tmp_path):
     assert result.returncode == 1
     out = result.stdout
     assert f"[FAIL] data: {tmp_path} lacks train-images-idx3-ubyte.gz" in out
-    assert "fix: run a training once (it fills the cache)" in out
+    assert "fix: put the four original MNIST files in the folder" in out
     assert "[FAIL] nosuch.invalid: ssh: ssh: Could not resolve hostname nosuch.invalid" in out
     assert "fix: set up password-less SSH: ssh-copy-id nosuch.invalid" in out
     assert out.splitlines()[-1].startswith("2 of ") and out.splitlines()[-1].endswith(
         "checks failed"
     )
+
+
+def test_an_empty_cache_is_what_will_happen_not_a_failure(tmp_path):
+    environment = {"HVD_TRAIN_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-m", "hvd_train", "doctor"], capture_output=True,
+                            text=True, timeout=300, env=os.environ | environment)  # fmt: skip
+    assert (
+        f"[ok] data: MNIST is not cached yet in {tmp_path}/cache/mnist; it is fetched on first use"
+        in result.stdout
+    )
+    (tmp_path / "file").write_text("")  # a cache that cannot be made: its parent is a file
+    environment = {"HVD_TRAIN_CACHE": str(tmp_path / "file" / "cache")}
+    result = subprocess.run([sys.executable, "-m", "hvd_train", "doctor"], capture_output=True,
+                            text=True, timeout=300, env=os.environ | environment)  # fmt: skip
+    assert result.returncode == 1
+    assert f"[FAIL] data: {tmp_path}/file/cache/mnist cannot be written" in result.stdout

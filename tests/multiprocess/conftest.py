@@ -95,7 +95,8 @@ def short_run(mnist_dir, tmp_path_factory) -> Callable[[str], tuple[Path, list[s
     def run(framework: str) -> tuple[Path, list[str], str]:
         base = tmp_path_factory.mktemp(f"short-{framework}")
         arguments = ["--framework", framework, "--data-dir", str(mnist_dir), "--epochs", "1",
-                     "--limit-steps", str(STEPS), "--log-every", "20"]  # fmt: skip
+                     "--limit-steps", str(STEPS), "--log-every", "20",
+                     "--horovod-timeline", str(base / "timeline.json")]  # fmt: skip
         result = horovodrun(script("cli_per_rank.py"), str(base), *arguments)
         return base, arguments, result.stdout + result.stderr
 

@@ -24,13 +24,15 @@ def first_run(request, short_run):
 
 def test_only_rank_zero_writes(first_run):
     _, base, _, _ = first_run
-    assert sorted(p.name for p in (base / "rank0").iterdir()) == [
-        "checkpoints",
+    written = sorted(p.name for p in (base / "rank0").iterdir())
+    assert written[:2] == ["checkpoints", "curves.png"] and written[-2:] == [
         "metrics.jsonl",
         "summary.json",
     ]
+    assert len(written) == 5 and written[2].startswith("events.out.tfevents.")  # TensorBoard's
     assert [p.name for p in (base / "rank0" / "checkpoints").iterdir()] == [checkpoint_name(1, 0)]
     assert not (base / "rank1").exists()
+    assert (base / "timeline.json").exists()  # rank 0 writes it; it is not in rank 1's folder
 
 
 def test_short_run_learns_far_above_chance(first_run):
@@ -40,23 +42,65 @@ def test_short_run_learns_far_above_chance(first_run):
     assert summary["global_batch_size"] == 128 and summary["learning_rate"] == pytest.approx(0.002)
     assert summary["test_accuracy"] > 0.85, summary
     metrics = read_metrics(base / "rank0")
-    assert [m["step"] for m in metrics if m["kind"] == "train"] == [20, 40, 60]
+    train = [m for m in metrics if m["kind"] == "train"]
+    assert [m["step"] for m in train] == [20, 40, 60]
+    assert [m["samples"] for m in train] == [2560, 5120, 7680]
+    assert all(m["images_per_second"] > 0 and m["step_ms"] > 0 for m in train)
     assert metrics[-1] == {
         "kind": "eval",
         "epoch": 1,
         "step": STEPS,
+        "samples": 60000,
+        "epochs": 1.0,
         "test_loss": summary["test_loss"],
         "test_accuracy": summary["test_accuracy"],
     }
+    assert summary["settings"]["optimizer"] == {"name": "adam", "learning_rate": 0.001,
+        "momentum": 0.0, "weight_decay": 0.0, "gradient_clip_norm": 0.0}  # fmt: skip
+
+
+def test_tensorboard_reads_what_metrics_jsonl_says(first_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, base, _, _ = first_run
+    events = EventAccumulator(str(base / "rank0"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert sorted(tags) == sorted(["train/loss", "train/learning_rate", "speed/images_per_second",
+                                   "speed/step_ms", "test/loss", "test/accuracy"])  # fmt: skip
+    metrics = read_metrics(base / "rank0")
+    for key, tag in (("loss", "train/loss"), ("test_accuracy", "test/accuracy")):
+        expected = [(m["samples"], m[key]) for m in metrics if key in m]
+        logged = [(event.step, event.value) for event in events.Scalars(tag)]
+        assert [step for step, _ in logged] == [step for step, _ in expected]
+        assert [value for _, value in logged] == pytest.approx([v for _, v in expected], rel=1e-6)
+
+
+def test_the_timeline_records_the_gradient_exchange(first_run):
+    _, base, _, _ = first_run
+    text = (base / "timeline.json").read_text().rstrip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")  # written as it goes
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name" and "args" in e
+             and "name" in e["args"]}  # fmt: skip
+    assert any("hvd_train.control" in name for name in names), names
+    phases = {e.get("name") for e in events}
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= phases
 
 
 def test_progress_and_log_lines_come_from_rank_zero_only(first_run):
-    _, _, _, output = first_run
+    framework, _, _, output = first_run
     assert "[0]<stdout>:epoch 1/1: train loss" in output
-    assert "[0]<stderr>:epoch 1/1:" in output  # the progress bar
-    # TensorFlow prints its own banner on import in every process; hvd_train says nothing there.
+    # Not a terminal (horovodrun's pipes): plain lines, at every tenth of the epoch.
+    assert "\r" not in output
+    progress = [line for line in output.splitlines() if line.startswith("[0]<stderr>:epoch 1/1:")]
+    assert [line.split(": step ")[1].split(",")[0] for line in progress] == [
+        f"{step}/{STEPS}" for step in range(6, STEPS + 1, 6)
+    ]
+    assert "loss 0." in progress[-1] and "images_per_s " in progress[-1]
     rank_one = [line for line in output.splitlines() if line.startswith("[1]<")]
     assert not [line for line in rank_one if "epoch" in line or "hvd-train" in line]
+    if framework == "torch":  # nothing of TensorFlow's, not even from horovodrun
+        assert "tensorflow" not in output.lower() and "cpu_feature_guard" not in output
 
 
 def test_resume_continues_from_the_saved_epoch(first_run, tmp_path):
