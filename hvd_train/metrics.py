@@ -1,6 +1,6 @@
 """Rank 0's record of a run: `metrics.jsonl` (one JSON object per logged step and evaluation),
-TensorBoard event files beside it, and `summary.json`. Every rank holds a writer; only rank
-0's writes.
+TensorBoard event files beside it, and `summary.json`. Every rank holds a writer; only the
+current rank 0's writes (`enabled`, which an elastic job moves when rank 0 changes).
 
 Each record carries `samples`, the training examples seen since the run began, and `epochs`,
 the same in epochs: unlike step numbers they mean the same whatever the world size, so records
@@ -10,6 +10,7 @@ different runs line up. TensorBoard's step is `samples` for the same reasons.
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,9 @@ def write_error(path: Path, error: OSError) -> str:
 
 
 class MetricsWriter:
-    def __init__(self, output_dir: Path, enabled: bool, train_size: int) -> None:
-        self.path, self.enabled, self.train_size = output_dir / "metrics.jsonl", enabled, train_size
+    def __init__(self, output_dir: Path, train_size: int) -> None:
+        self.path, self.train_size = output_dir / "metrics.jsonl", train_size
+        self.enabled = False  # set by the trainer on the rank that writes
         self.failure: str | None = None  # the first write that failed; training then stops
         self.board: Any = None  # TensorBoard's writer, opened at the first record
         self.purge_from: int | None = None  # TensorBoard drops the events from this step on
@@ -55,6 +57,9 @@ class MetricsWriter:
     def _board(self, record: dict[str, Any]) -> None:
         if self.board is None:
             from tensorboardX import SummaryWriter
+
+            if not self.path.parent.is_dir():  # gone: do not let TensorBoard make it anew
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory")
 
             self.board = SummaryWriter(str(self.path.parent), purge_step=self.purge_from)
         for key, tag in TAGS.items():

@@ -78,7 +78,7 @@ def step_seed(seed: int, global_step: int, rank: int) -> int:
 class Trainer:
     def __init__(self, adapter: Adapter, data: Splits, recipe: Recipe, options: RunOptions) -> None:
         self.adapter, self.data, self.recipe, self.options = adapter, data, recipe, options
-        self.metrics = MetricsWriter(options.output_dir, adapter.is_rank_zero, len(data.train))
+        self.metrics = MetricsWriter(options.output_dir, len(data.train))
         self.checkpoint_dir = options.output_dir / "checkpoints"
         self.images_trained, self.step_seconds = 0, 0.0
         self.logged = (0, 0.0)  # images and seconds at the last record
@@ -87,9 +87,11 @@ class Trainer:
         self.resize()
 
     def resize(self) -> None:
-        """What follows from the world size: steps per epoch (every rank takes a new shard),
-        global batch and learning rate. Called again when an elastic job resizes."""
+        """What follows from the world size and this rank: steps per epoch (every rank takes a
+        new shard), global batch, learning rate, and who writes the records. Called again when
+        an elastic job resizes (rank 0 may then be another process)."""
         world_size, recipe = self.adapter.world_size, self.recipe
+        self.metrics.enabled = self.adapter.is_rank_zero
         self.progress = Progress.for_world(
             len(self.data.train), world_size, recipe.schedule, recipe.horovod,
             self.options.limit_steps,
