@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shared.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
     commands = parser.add_subparsers(
-        dest="command", metavar="{train,eval,show-recipe,plot,doctor}", parser_class=Parser
+        dest="command", metavar="{train,eval,show-recipe,plot,bench,doctor}", parser_class=Parser
     )
     train = commands.add_parser(
         "train", parents=[shared, recipe], help="train a recipe (the default command)"
@@ -203,6 +203,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="the private key to reach the hosts with, as horovodrun's option of that name",
     )
+    bench = commands.add_parser(
+        "bench", parents=[shared, recipe],
+        help="time the recipe's training steps: images/s, T_comp, T_sync, scaling efficiency",
+    )  # fmt: skip
+    bench.add_argument("--steps", type=positive(int), default=100, help="steps timed in each "
+                       "phase (default: %(default)s)")  # fmt: skip
+    bench.add_argument("--warmup", type=positive(int), default=10, help="untimed steps before "
+                       "each phase (default: %(default)s)")  # fmt: skip
+    bench.add_argument("--synthetic", action="store_true", help="synthetic data of the recipe's "
+                       "shape instead of its own (no files needed)")  # fmt: skip
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
     plot = commands.add_parser(
         "plot", help="draw the loss, accuracy and learning-rate curves of runs side by side"
     )
@@ -284,6 +295,23 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_bench(args: argparse.Namespace) -> int:
+    from hvd_train.api import DEFAULT_FRAMEWORK
+    from hvd_train.bench import run_bench as bench
+    from hvd_train.bench import table
+
+    framework = args.framework or DEFAULT_FRAMEWORK
+    figures = bench(args.recipe, framework, overrides(args), args.steps, args.warmup,
+                    args.synthetic, args.data_dir)  # fmt: skip
+    if figures is None:  # not rank 0
+        return 0
+    title = (f"hvd-train bench: {figures['recipe']} under {framework}, {figures['world_size']} "
+             f"rank(s) x {figures['threads_per_rank']} thread(s), global batch "
+             f"{figures['global_batch']}, {args.steps} steps")  # fmt: skip
+    print(json.dumps(figures) if args.json else table(figures, title))
+    return 0
+
+
 def run_plot(args: argparse.Namespace) -> int:
     from hvd_train.plot import plot_runs
 
@@ -298,6 +326,7 @@ COMMANDS = {
     "doctor": run_doctor,
     "show-recipe": run_show_recipe,
     "plot": run_plot,
+    "bench": run_bench,
 }
 
 

@@ -64,6 +64,13 @@ class RunOptions:
     commit_every: int = 10  # steps between commits of the elastic state
 
 
+IMAGES_PER_SECOND_BASIS = (
+    "the images of every training step on all ranks, over the wall time of all those steps on "
+    "rank 0 (taking the batches, forward, backward, exchange, update); evaluation, checkpoints "
+    "and start-up are outside it"
+)
+
+
 def host_name() -> str:
     """This rank's host as horovodrun named it (-H, --hostfile), else the machine's name."""
     return os.environ.get("HOROVOD_HOSTNAME") or platform.node()
@@ -81,6 +88,7 @@ class Trainer:
         self.metrics = MetricsWriter(options.output_dir, len(data.train))
         self.checkpoint_dir = options.output_dir / "checkpoints"
         self.images_trained, self.step_seconds = 0, 0.0
+        self.steps_trained, self.step_parts = 0, np.zeros(2)  # T_comp and T_sync, summed
         self.logged = (0, 0.0)  # images and seconds at the last record
         self.elastic_state: ElasticState | None = None
         self.requests = StopRequests()
@@ -110,16 +118,18 @@ class Trainer:
     def run_step(self, batches: list[np.ndarray], step: int) -> StepResult:
         """One optimizer step on this rank's batches (one per backward pass)."""
         adapter = self.adapter
+        started = time.perf_counter()
         taken = [take(self.data.train, indices) for indices in batches]
         if self.metrics.failure:
             self.requests.failure = self.metrics.failure
-        started = time.perf_counter()
         result = adapter.train_step(
             taken, self.schedule(step), step_seed(self.options.seed, step, adapter.rank),
             self.requests.flags(),
         )  # fmt: skip
         self.step_seconds += time.perf_counter() - started
         self.images_trained += sum(map(len, batches)) * adapter.world_size
+        self.steps_trained += 1
+        self.step_parts += (result.compute_seconds, result.sync_seconds)
         return result
 
     def run_epoch(self, epoch: int, first_step: int) -> float:
@@ -345,6 +355,8 @@ class Trainer:
 
     def summary(self, seconds: float) -> dict[str, Any]:
         adapter, recipe = self.adapter, self.recipe
+        # Per step on this rank, as step_ms: the passes, and the wait for the exchange after them.
+        t_comp, t_sync = 1000 * self.step_parts / max(1, self.steps_trained)
         summary = {
             "recipe": recipe.name,
             "framework": adapter.name,
@@ -356,6 +368,10 @@ class Trainer:
             "test_loss": self.last_eval[0],
             "train_seconds": round(seconds, 2),
             "images_per_second": round(self.images_trained / max(self.step_seconds, 1e-9), 1),
+            "images_per_second_basis": IMAGES_PER_SECOND_BASIS,
+            "step_ms": round(1000 * self.step_seconds / max(1, self.steps_trained), 2),
+            "t_comp_ms": round(float(t_comp), 2),
+            "t_sync_ms": round(float(t_sync), 2),
             "hosts": dict(Counter(adapter.allgather_object(host_name()))),
             "hvd_train_version": __version__,
             "settings": recipe.settings_table(),  # the effective recipe

@@ -35,16 +35,18 @@ def test_missing_data_and_an_unreachable_host_fail_with_their_fixes(tmp_path):
 
 
 def test_an_empty_cache_is_what_will_happen_not_a_failure(tmp_path):
-    environment = {"HVD_TRAIN_CACHE": str(tmp_path / "cache")}
+    # Without HVD_TRAIN_DATA_DIR (a developer's shell may set it): the cache is checked.
+    environment = {k: v for k, v in os.environ.items() if k != "HVD_TRAIN_DATA_DIR"}
+    environment["HVD_TRAIN_CACHE"] = str(tmp_path / "cache")
     result = subprocess.run([sys.executable, "-m", "hvd_train", "doctor"], capture_output=True,
-                            text=True, timeout=300, env=os.environ | environment)  # fmt: skip
+                            text=True, timeout=300, env=environment)  # fmt: skip
     assert (
         f"[ok] data: MNIST is not cached yet in {tmp_path}/cache/mnist; it is fetched on first use"
         in result.stdout
     )
     (tmp_path / "file").write_text("")  # a cache that cannot be made: its parent is a file
-    environment = {"HVD_TRAIN_CACHE": str(tmp_path / "file" / "cache")}
+    environment["HVD_TRAIN_CACHE"] = str(tmp_path / "file" / "cache")
     result = subprocess.run([sys.executable, "-m", "hvd_train", "doctor"], capture_output=True,
-                            text=True, timeout=300, env=os.environ | environment)  # fmt: skip
+                            text=True, timeout=300, env=environment)  # fmt: skip
     assert result.returncode == 1
     assert f"[FAIL] data: {tmp_path}/file/cache/mnist cannot be written" in result.stdout

@@ -6,10 +6,12 @@ An adapter does not decide what model to train: it builds the neutral layer list
 
 from __future__ import annotations
 
+import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
@@ -35,6 +37,8 @@ class StepResult:
     loss: float  # the step's loss, averaged over its batches and over the ranks
     gradient_norm: float  # the norm of the averaged gradients, before any clipping
     flags: np.ndarray  # the flags each rank gave the step, summed over the ranks
+    compute_seconds: float  # this rank's forward and backward passes (T_comp)
+    sync_seconds: float  # its wait for the exchange after them, what they did not hide (T_sync)
 
 
 class ElasticState(Protocol):
@@ -96,6 +100,16 @@ class Adapter(ABC):
         backward_passes_per_step of them), the gradients averaged over batches and ranks, then
         the update. Batch k's dropout is seeded with `seed + k`. `flags` (small floats) travel
         with the gradients and come back summed over the ranks."""
+
+    @abstractmethod
+    def local_step(self, batches: list[Batch], seed: int) -> None:
+        """The step without the exchange, on this rank alone, for `hvd-train bench`: the
+        passes, then the update with this rank's own gradients, which never reach Horovod."""
+
+    @abstractmethod
+    def time_gradient_allreduce(self, repeats: int) -> float:
+        """Seconds per plain allreduce of tensors shaped like the gradients (as they travel:
+        fp16 under compression), with no training around it."""
 
     @abstractmethod
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -172,7 +186,30 @@ class Adapter(ABC):
             if not given.isdigit() or int(given) < 1:
                 raise UsageError(f"HVD_TRAIN_THREADS={given!r}: expected a positive integer")
             return int(given)
-        return max(1, len(os.sched_getaffinity(0)) // self.local_size)
+        return max(1, available_cores() // self.local_size)
+
+
+def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup CPU quota (a
+    container's --cpus, a Kubernetes CPU limit), which the affinity does not show."""
+    cores = len(os.sched_getaffinity(0))
+    quota = cgroup_cpu_quota(cgroup)
+    return max(1, min(cores, math.floor(quota))) if quota else cores
+
+
+def cgroup_cpu_quota(cgroup: Path) -> float | None:
+    """The CPU quota in cores, from cgroup v2's cpu.max or v1's CFS files; None if unlimited."""
+    try:
+        limit, period = (cgroup / "cpu.max").read_text().split()
+        return None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        cfs_quota = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        cfs_period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return cfs_quota / cfs_period if cfs_quota > 0 else None
 
 
 def model_type_error(recipe: Recipe, builder: str, expected: str, model: Any) -> UsageError:

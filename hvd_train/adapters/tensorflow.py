@@ -10,6 +10,7 @@ broadcasts act on the `tf.Variable`s under the Keras variables.
 from __future__ import annotations
 
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads: fewer runtime logs
 
@@ -99,6 +100,7 @@ class TensorFlowAdapter(Adapter):
         self.seed_states = keras_models.seed_states(model)
         self._compiled_accumulate = tf.function(self._accumulate, reduce_retracing=True)
         self._compiled_apply = tf.function(self._apply, reduce_retracing=True)
+        self._compiled_local = tf.function(self._local, reduce_retracing=True)
         self._compiled_logits = tf.function(
             lambda x: self.model(x, training=False), reduce_retracing=True
         )
@@ -117,15 +119,17 @@ class TensorFlowAdapter(Adapter):
     def train_step(
         self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray
     ) -> StepResult:
+        started = time.time()  # the clock of tf.timestamp
         for index, (x, y) in enumerate(batches[:-1]):
             self._compiled_accumulate(x, y, tf.constant(seed + index, tf.int64))
         x, y = batches[-1]
-        control, norm = self._compiled_apply(
+        control, norm, computed, synced = self._compiled_apply(
             x, y, tf.constant(seed + len(batches) - 1, tf.int64),
             tf.constant(learning_rate, tf.float32), tf.constant(flags, tf.float32),
         )  # fmt: skip
         control = control.numpy()
-        return StepResult(float(control[-1]), float(norm), control[:-1] * self.world_size)
+        return StepResult(float(control[-1]), float(norm), control[:-1] * self.world_size,
+                          float(computed) - started, float(synced - computed))  # fmt: skip
 
     def _gradients(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> tuple[Any, tf.Tensor]:
         for index, state in enumerate(self.seed_states):
@@ -143,20 +147,30 @@ class TensorFlowAdapter(Adapter):
     def _apply(
         self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor, learning_rate: tf.Tensor,
         flags: tf.Tensor,
-    ) -> tuple[tf.Tensor, tf.Tensor]:  # fmt: skip
+    ) -> tuple[tf.Tensor, ...]:  # fmt: skip
         """The step's last backward pass, the average over ranks (of the gradients and, in the
-        same allreduce, of the flags and the loss), and the update."""
+        same allreduce, of the flags and the loss), and the update; with the times (of
+        tf.timestamp) when the passes and the exchange were done. One graph: Horovod's ops run
+        in it as soon as their inputs are ready, beside the rest."""
         gradients, loss = self._gradients(x, y, seed)
         if self.accumulators:  # the earlier passes of this step, averaged locally first
             parts = zip(self.accumulators, [*gradients, loss], strict=True)
             *gradients, loss = [total + part / self.passes_per_step for total, part in parts]
             for total in self.accumulators:
                 total.assign(tf.zeros_like(total))
-        # Two collectives with no order between them: Horovod negotiates them in the same cycle.
-        # The control values travel uncompressed, at full precision.
         control = tf.concat([flags, tf.reshape(tf.cast(loss, tf.float32), [1])], axis=0)
-        control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
-        gradients = hvd.grouped_allreduce(gradients, op=hvd.Average, compression=self.compression)
+        with tf.control_dependencies([*gradients, control]):
+            computed = tf.timestamp()
+        if self.world_size > 1:  # alone, there is nothing to exchange
+            # Two collectives with no order between them: Horovod negotiates them in the same
+            # cycle. The control values travel uncompressed, at full precision.
+            with tf.control_dependencies([computed]):
+                control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
+                gradients = hvd.grouped_allreduce(
+                    gradients, op=hvd.Average, compression=self.compression
+                )
+        with tf.control_dependencies([*gradients, control]):
+            synced = tf.timestamp()
         norm = tf.linalg.global_norm(gradients)
         if self.clip_norm:  # on the averaged gradients, as the torch adapter does
             gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm, use_norm=norm)
@@ -165,7 +179,26 @@ class TensorFlowAdapter(Adapter):
             gradients = [g + self.l2 * v for g, v in zip(gradients, variables, strict=True)]
         self.optimizer.learning_rate.assign(learning_rate)
         self.optimizer.apply_gradients(zip(gradients, variables, strict=True))
-        return control, norm
+        return control, norm, computed, synced
+
+    def local_step(self, batches: list[Batch], seed: int) -> None:
+        for index, (x, y) in enumerate(batches):
+            self._compiled_local(x, y, tf.constant(seed + index, tf.int64))
+
+    def _local(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> None:
+        gradients, _ = self._gradients(x, y, seed)
+        self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables, strict=True))
+
+    def time_gradient_allreduce(self, repeats: int) -> float:
+        dtype = tf.float16 if self.compression is hvd.Compression.fp16 else tf.float32
+        tensors = [tf.zeros(v.shape, dtype) for v in self.model.trainable_variables]
+        # The tensors as arguments: Horovod names its graph ops after their inputs.
+        reduce = tf.function(lambda parts: hvd.grouped_allreduce(parts, op=hvd.Average))
+        reduce(tensors)  # traced and warmed up
+        started = time.perf_counter()
+        for _ in range(repeats):
+            reduce(tensors)
+        return (time.perf_counter() - started) / repeats
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         return self._compiled_logits(x).numpy()

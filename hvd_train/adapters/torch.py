@@ -7,7 +7,9 @@ Horovod's torch `DistributedOptimizer` averages the gradients of its trainable p
 
 from __future__ import annotations
 
+import os
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -183,9 +185,8 @@ class TorchAdapter(Adapter):
             F.cross_entropy if recipe.loss == "cross_entropy" else recipe.loss  # type: ignore[assignment]
         )
         self.clip_norm = recipe.optimizer.gradient_clip_norm
-        compression = (
-            hvd.Compression.fp16 if recipe.horovod.fp16_compression else hvd.Compression.none
-        )
+        self.compressed = recipe.horovod.fp16_compression
+        compression = hvd.Compression.fp16 if self.compressed else hvd.Compression.none
         trainable = self.net.trainable()
         self.optimizer = hvd.DistributedOptimizer(
             _optimizer(recipe.optimizer, [p for _, p in trainable]),
@@ -225,6 +226,7 @@ class TorchAdapter(Adapter):
     def train_step(
         self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray
     ) -> StepResult:
+        started = time.perf_counter()
         losses = []
         for index, (x, y) in enumerate(batches):
             self.net.reseed(seed + index)
@@ -233,28 +235,53 @@ class TorchAdapter(Adapter):
             # Horovod sums the batches' gradients locally before averaging over ranks.
             (loss / len(batches)).backward()
             losses.append(loss.detach())
-        # Sent while the gradients travel, so Horovod fuses it with them: no extra round trip.
         loss = torch.stack(losses).mean().double().cpu().reshape(1)
         control = torch.cat([torch.from_numpy(np.asarray(flags, np.float64)), loss])
-        handle = hvd.allreduce_async_(control, op=hvd.Sum, name="hvd_train.control")
+        computed = time.perf_counter()
+        # Alone, Horovod registers no hooks (unless elastic) and would average each gradient by
+        # itself, in a round trip to its background thread: there is nothing to exchange.
+        if self.world_size > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
+            # Sent as the gradients travel, so Horovod fuses it with them: no extra round trip.
+            handle = hvd.allreduce_async_(control, op=hvd.Sum, name="hvd_train.control")
+            self.optimizer.synchronize()  # the averages, so that norm and clipping see them
+            control = hvd.synchronize(handle)
+        synced = time.perf_counter()
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
-        norm = self._step()
-        self.optimizer.zero_grad()
-        control = hvd.synchronize(handle)
-        loss_sum = float(control[-1])
-        return StepResult(loss_sum / self.world_size, norm, control[:-1].numpy())
-
-    def _step(self) -> float:
-        """Applies the averaged gradients, clipped if the recipe says so; their norm."""
-        self.optimizer.synchronize()  # the averages, so that norm and clipping see them
         parameters = [p for _, p in self.net.trainable()]
         norm = nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
         if self.clip_norm:
             nn.utils.clip_grads_with_norm_(parameters, self.clip_norm, norm)
         with self.optimizer.skip_synchronize():
             self.optimizer.step()
-        return float(norm)
+        self.optimizer.zero_grad()
+        return StepResult(float(control[-1]) / self.world_size, float(norm),
+                          control[:-1].numpy(), computed - started, synced - computed)  # fmt: skip
+
+    def local_step(self, batches: list[Batch], seed: int) -> None:
+        parameters = [p for _, p in self.net.trainable()]
+        totals: list[torch.Tensor] = [torch.zeros_like(p) for p in parameters]
+        for index, (x, y) in enumerate(batches):
+            self.net.reseed(seed + index)
+            inputs, labels = self._tensors(x, y)
+            loss = self.loss(self.net.forward(inputs, training=True), labels) / len(batches)
+            # autograd.grad fills no .grad, so Horovod's hooks (which send them) never fire.
+            gradients = torch.autograd.grad(loss, parameters, allow_unused=True)
+            totals = [t if g is None else t + g for t, g in zip(totals, gradients, strict=True)]
+        for parameter, total in zip(parameters, totals, strict=True):
+            parameter.grad = total
+        with self.optimizer.skip_synchronize():
+            self.optimizer.step()
+        self.optimizer.zero_grad()
+
+    def time_gradient_allreduce(self, repeats: int) -> float:
+        dtype = torch.float16 if self.compressed else torch.float32
+        tensors = [torch.zeros(p.shape, dtype=dtype) for _, p in self.net.trainable()]
+        hvd.grouped_allreduce(tensors, op=hvd.Average, name="hvd_train.bench")  # warm up
+        started = time.perf_counter()
+        for _ in range(repeats):
+            hvd.grouped_allreduce(tensors, op=hvd.Average, name="hvd_train.bench")
+        return (time.perf_counter() - started) / repeats
 
     @torch.no_grad()
     def logits(self, x: np.ndarray) -> np.ndarray:

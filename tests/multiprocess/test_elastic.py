@@ -48,14 +48,11 @@ def train_records(run: Path) -> list[dict]:
     return [r for r in records if r["kind"] == "train"]
 
 
-@pytest.mark.parametrize(
-    ("recipe", "epochs", "accuracy"),
-    [("mnist_cnn", 4, 0.99), (str(EXAMPLES / "mnist_resnet_torch.py"), 1, 0.98)],
-    ids=["mnist_cnn", "python-recipe"],
-)
-def test_the_job_goes_on_without_a_killed_worker_and_reaches_the_recipes_accuracy(
-    recipe, epochs, accuracy, mnist_dir, tmp_path
+def test_the_job_goes_on_without_its_killed_rank_0_and_reaches_the_recipes_accuracy(
+    mnist_dir, tmp_path
 ):
+    # A Python recipe (the TOML recipes share the same path), one epoch: 98% is its bar.
+    recipe = str(EXAMPLES / "mnist_resnet_torch.py")
     (tmp_path / "hosts").write_text("localhost:1\n127.0.0.1:1\n")
     job, output_dir = elastic_job(tmp_path, 2, "--recipe", recipe, "--data-dir", str(mnist_dir))
     wait_for((output_dir / "metrics.jsonl").exists, job)  # 50 steps trained, state committed
@@ -68,9 +65,9 @@ def test_the_job_goes_on_without_a_killed_worker_and_reaches_the_recipes_accurac
     output, _ = job.communicate(timeout=900)
     assert job.returncode == 0, output
     summary = json.loads((output_dir / "summary.json").read_text())
-    assert summary["world_size"] == 1 and summary["epochs"] == epochs
-    assert summary["learning_rate"] == pytest.approx(0.002 if epochs == 1 else 0.001)
-    assert summary["test_accuracy"] >= accuracy, summary
+    assert summary["world_size"] == 1 and summary["epochs"] == 1
+    assert summary["learning_rate"] == pytest.approx(0.002)
+    assert summary["test_accuracy"] >= 0.98, summary
     # The rollback to the last commit dropped the records of the steps it undid.
     samples = [record["samples"] for record in train_records(output_dir)]
     assert samples == sorted(set(samples))
@@ -87,6 +84,6 @@ def test_a_worker_that_joins_holds_the_same_replica_under_weight_decay(mnist_dir
     output, _ = job.communicate(timeout=900)
     assert job.returncode == 0, output
     summary = json.loads((output_dir / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["epochs"] == 4  # it joined, and stayed
+    assert summary["world_size"] == 2 and summary["epochs"] == 2  # it joined, and stayed
     assert summary["learning_rate"] == pytest.approx(0.002)
     assert summary["test_accuracy"] >= 0.99, summary

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(12
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize(("recipe", "epochs", "accuracy"), [("mnist_cnn", 4, 0.99),
+@pytest.mark.parametrize(("recipe", "epochs", "accuracy"), [("mnist_cnn", 2, 0.99),
                                                            ("mnist_bn", 3, 0.993)])  # fmt: skip
 def test_packaged_recipes_reach_their_accuracy(recipe, epochs, accuracy, framework, mnist_dir,
                                                tmp_path):  # fmt: skip

@@ -46,6 +46,13 @@ def test_short_run_learns_far_above_chance(first_run):
     assert [m["step"] for m in train] == [20, 40, 60]
     assert [m["samples"] for m in train] == [2560, 5120, 7680]
     assert all(m["images_per_second"] > 0 and m["step_ms"] > 0 for m in train)
+    # The step's parts: the passes, and the wait for the exchange.
+    assert summary["t_comp_ms"] > 0 and summary["t_sync_ms"] > 0
+    assert summary["t_comp_ms"] + summary["t_sync_ms"] < summary["step_ms"]
+    assert summary["images_per_second"] == pytest.approx(
+        summary["global_batch_size"] * 1000 / summary["step_ms"], rel=0.01
+    )
+    assert "wall time of all those steps" in summary["images_per_second_basis"]
     assert metrics[-1] == {
         "kind": "eval",
         "epoch": 1,

@@ -33,7 +33,7 @@ def test_packaged_recipes_load_by_name():
 
 def test_recipe_loads_by_path(tmp_path):
     path = tmp_path / "mine.toml"
-    path.write_text(GOOD.replace("epochs = 4", "epochs = 7"))
+    path.write_text(GOOD.replace("epochs = 2", "epochs = 7"))
     recipe = load_recipe(str(path))
     assert recipe.name == "mine" and recipe.schedule.epochs == 7
 
@@ -75,10 +75,10 @@ def test_a_relative_npz_path_is_taken_from_the_recipes_folder():
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
-        ("epochs = 4", "epochs = [", "not valid TOML"),
+        ("epochs = 2", "epochs = [", "not valid TOML"),
         ('type = "conv2d", filters = 32', 'type = "conv3d", filters = 32',
          "model.layers[0].type: unknown value 'conv3d'"),
-        ("epochs = 4", "epochs = 0", "schedule.epochs: 0 is out of range"),
+        ("epochs = 2", "epochs = 0", "schedule.epochs: 0 is out of range"),
         ("learning_rate = 0.001", "learning_rate = -0.1",
          "optimizer.learning_rate: -0.1 is out of range"),
         ("learning_rate = 0.001", "learning_rate = nan",

@@ -1,0 +1,98 @@
+"""The same model under PyTorch, trained three other ways:
+
+    python torch_baselines.py plain RECIPE STEPS                 one process, no Horovod
+    horovodrun -np 2 python torch_baselines.py horovod ...       a hand-written Horovod loop
+    torchrun --nproc-per-node 2 torch_baselines.py ddp ...       torch's DistributedDataParallel
+
+Threads: $THREADS per process (default: the cores shared out among the processes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import measure, report, setup
+from hvd_train.adapters.torch_layers import build_layers
+
+WARMUP = 10
+
+
+def model_and_optimizer(recipe):
+    model = build_layers(recipe.layers, recipe.data.input_shape)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def tensors(x, y):
+    return torch.from_numpy(x).permute(0, 3, 1, 2), torch.from_numpy(y)
+
+
+def plain(recipe, train, steps: int) -> float:
+    model, optimizer = model_and_optimizer(recipe)
+
+    def step(x, y):
+        inputs, labels = tensors(x, y)
+        optimizer.zero_grad()
+        F.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+
+    return measure(step, train, 0, 1, steps, WARMUP)
+
+
+def horovod(recipe, train, steps: int) -> float:
+    """Horovod's own examples' loop: DistributedOptimizer, broadcast from rank 0."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    model, optimizer = model_and_optimizer(recipe)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def step(x, y):
+        inputs, labels = tensors(x, y)
+        optimizer.zero_grad()
+        F.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+
+    def barrier():
+        hvd.allreduce(torch.zeros(1), name="barrier")
+
+    return measure(step, train, hvd.rank(), hvd.size(), steps, WARMUP, barrier)
+
+
+def ddp(recipe, train, steps: int) -> float:
+    """DistributedDataParallel on Gloo, started by torchrun."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    model, _ = model_and_optimizer(recipe)
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step(x, y):
+        inputs, labels = tensors(x, y)
+        optimizer.zero_grad()
+        F.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = measure(step, train, rank, world, steps, WARMUP, dist.barrier)
+    dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    mode, recipe_name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    processes = int(os.environ.get("WORLD_SIZE") or os.environ.get("HOROVOD_SIZE") or 1)
+    rank = int(os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or 0)
+    threads = int(os.environ.get("THREADS") or max(1, len(os.sched_getaffinity(0)) // processes))
+    torch.set_num_threads(threads)
+    recipe, train = setup(recipe_name)
+    images_per_second = {"plain": plain, "horovod": horovod, "ddp": ddp}[mode](recipe, train, steps)
+    if rank == 0:
+        name = {"plain": "torch, plain loop", "horovod": "torch, hand-written Horovod loop",
+                "ddp": "torch DDP (Gloo, torchrun)"}[mode]  # fmt: skip
+        report(name, processes, threads, images_per_second)

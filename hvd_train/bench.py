@@ -1,0 +1,168 @@
+"""`hvd-train bench`: how fast a recipe trains, and where a step's time goes.
+
+Run alone or under horovodrun, it times three things on every rank, one after the other:
+  1. training steps, exactly as training takes them, split as the summary splits them: T_comp
+     (forward and backward passes), T_sync (the wait for the gradient exchange after them: what
+     the passes did not hide) and T_other (taking the batches, the update, Python);
+  2. the same steps without the exchange, every rank alone but all at once: what the ranks could
+     do if the gradients travelled for free. Their summed throughput is the limit, and (1) over
+     it the scaling efficiency;
+  3. a plain allreduce of tensors shaped like the gradients, with no training around it: the
+     bandwidth the exchange could reach.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hvd_train.adapters import Adapter, create_adapter
+from hvd_train.api import DEFAULT_RECIPE, resolve_recipe, with_overrides
+from hvd_train.data import Splits, load_data, take
+from hvd_train.data.sharding import epoch_order, shard_steps
+from hvd_train.errors import UsageError
+from hvd_train.models import build_model
+from hvd_train.recipe import Data
+
+ALLREDUCE_REPEATS = 20
+
+
+@dataclass(frozen=True)
+class RankTimes:
+    """One rank's seconds per step, and its examples per step."""
+
+    examples: int
+    step: float  # a training step, taking its batches included
+    compute: float  # its forward and backward passes (T_comp)
+    sync: float  # its wait for the exchange (T_sync)
+    local: float  # a step without the exchange, taking its batches included
+    allreduce: float  # a plain allreduce of the gradients' bytes
+
+
+def time_rank(
+    adapter: Adapter, data: Splits, batch_size: int, passes: int, steps: int, warmup: int
+) -> tuple[RankTimes, float]:
+    """This rank's times, and the wall time of the training phase (for images/s)."""
+    order = epoch_order(len(data.train), 0, 0)
+    shard = shard_steps(order, adapter.rank, adapter.world_size, batch_size, passes)
+    batches = [shard[i % len(shard)] for i in range(warmup + steps)]
+    flags = np.zeros(2)
+
+    def phase(run: Any) -> tuple[float, float]:
+        """Seconds per timed step, and the phase's wall time; `run` returns the step's parts."""
+        adapter.allreduce_sum(np.zeros(1))  # every rank starts the phase together
+        started = time.perf_counter()
+        for index, indices in enumerate(batches):
+            if index == warmup:
+                parts[:] = 0.0
+                started = time.perf_counter()
+            parts[:] += run([take(data.train, part) for part in indices], index)
+        wall = time.perf_counter() - started
+        return wall / steps, wall
+
+    def train(taken: list[Any], index: int) -> tuple[float, float]:
+        result = adapter.train_step(taken, 1e-4, index, flags)
+        return result.compute_seconds, result.sync_seconds
+
+    def local(taken: list[Any], index: int) -> tuple[float, float]:
+        adapter.local_step(taken, index)
+        return 0.0, 0.0
+
+    parts = np.zeros(2)
+    step, wall = phase(train)
+    compute, sync = parts / steps
+    local_step, _ = phase(local)
+    allreduce = adapter.time_gradient_allreduce(ALLREDUCE_REPEATS)
+    examples = sum(len(part) for part in batches[-1])
+    return RankTimes(examples, step, compute, sync, local_step, allreduce), wall
+
+
+def report(ranks: list[RankTimes], wall: float, steps: int, gradient_bytes: int) -> dict[str, Any]:
+    """The figures for people and tools: the step and its parts on rank 0 (as in the run's
+    summary), the limit from every rank, the plain allreduce averaged over the ranks."""
+    examples = sum(rank.examples for rank in ranks)
+    images_per_second = examples * steps / wall
+    limit = sum(r.examples / r.local for r in ranks)
+    step_ms = 1000 * wall / steps
+    compute, sync = ranks[0].compute, ranks[0].sync
+    allreduce = float(np.mean([r.allreduce for r in ranks]))
+    return {
+        "world_size": len(ranks),
+        "global_batch": examples,
+        "images_per_second": round(images_per_second, 1),
+        "step_ms": round(step_ms, 2),
+        "t_comp_ms": round(1000 * compute, 2),
+        "t_sync_ms": round(1000 * sync, 2),
+        "t_other_ms": round(step_ms - 1000 * (compute + sync), 2),
+        "limit_images_per_second": round(limit, 1),
+        "scaling_efficiency": round(images_per_second / limit, 3),
+        "gradient_mb": round(gradient_bytes / 1e6, 3),
+        "plain_allreduce_ms": round(1000 * allreduce, 2),
+        "plain_allreduce_mb_per_s": round(gradient_bytes / 1e6 / max(allreduce, 1e-9), 1),
+        "step_exchange_mb_per_s": round(gradient_bytes / 1e6 / sync, 1) if sync > 1e-6 else None,
+    }
+
+
+def table(figures: dict[str, Any], title: str) -> str:
+    f = figures
+    exchange = (
+        f"exchanged at {f['step_exchange_mb_per_s']} MB/s as far as the step waits for it"
+        if f["step_exchange_mb_per_s"]
+        else "the exchange hides entirely behind the computation"
+    )
+    return "\n".join([
+        title,
+        f"  images/s             {f['images_per_second']:10.1f}",
+        f"  step                 {f['step_ms']:10.2f} ms = T_comp {f['t_comp_ms']:.2f} + T_sync "
+        f"{f['t_sync_ms']:.2f} + T_other {f['t_other_ms']:.2f} (data, update, Python)",
+        f"  limit                {f['limit_images_per_second']:10.1f} images/s (every rank "
+        "training alone, all at once)",
+        f"  scaling efficiency   {100 * f['scaling_efficiency']:10.1f} %",
+        f"  gradients            {f['gradient_mb']:10.3f} MB per step; {exchange}; a plain "
+        f"allreduce of them takes {f['plain_allreduce_ms']:.2f} ms "
+        f"({f['plain_allreduce_mb_per_s']} MB/s)",
+    ])  # fmt: skip
+
+
+def run_bench(
+    recipe_reference: str | None,
+    framework: str,
+    overrides: dict[str, Any],
+    steps: int,
+    warmup: int,
+    synthetic: bool,
+    data_dir: Any,
+) -> dict[str, Any] | None:
+    """Times the recipe on this rank (alone or as one of horovodrun's); the figures on rank 0,
+    None on the others."""
+    recipe = with_overrides(
+        resolve_recipe(recipe_reference or DEFAULT_RECIPE, framework), overrides
+    )
+    if synthetic:
+        if not isinstance(recipe.data, Data):
+            raise UsageError("--synthetic needs a recipe whose data is a Data(...) table")
+        fake = Data(
+            "synthetic", input_shape=recipe.data.input_shape, num_classes=recipe.data.num_classes
+        )
+        recipe = dataclasses.replace(recipe, data=fake)
+    recipe.check_framework(framework)
+    adapter = create_adapter(framework)
+    adapter.init()
+    data = load_data(recipe, data_dir)
+    adapter.setup(build_model(recipe, adapter, seed=0), recipe)
+    adapter.broadcast_state(include_optimizer=False)
+    passes = recipe.horovod.backward_passes_per_step
+    times, wall = time_rank(adapter, data, recipe.schedule.batch_size, passes, steps, warmup)
+    ranks = adapter.allgather_object(times)
+    if not adapter.is_rank_zero:
+        return None
+    weights = [a for name, a in adapter.trained_state().items() if name.startswith("weight.")]
+    per_value = 2 if recipe.horovod.fp16_compression else 4
+    figures = report(ranks, wall, steps, per_value * sum(a.size for a in weights))
+    threads = adapter.threads_per_rank()
+    return figures | {"recipe": recipe.name, "framework": framework, "steps": steps,
+                      "threads_per_rank": threads}  # fmt: skip

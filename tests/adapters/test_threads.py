@@ -1,0 +1,33 @@
+"""How many threads a rank takes: its share of the cores it may use, a cgroup quota included."""
+
+import os
+
+import pytest
+
+from hvd_train.adapters.base import available_cores, cgroup_cpu_quota
+
+CORES = len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize(
+    ("files", "quota"),
+    [
+        ({"cpu.max": "150000 100000\n"}, 1.5),  # v2: --cpus=1.5
+        ({"cpu.max": "max 100000\n"}, None),  # v2: unlimited
+        ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 0.5),  # v1
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({}, None),  # no cgroup files at all
+    ],
+)
+def test_the_cgroup_quota_is_read_from_either_version(tmp_path, files, quota):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_cpu_quota(tmp_path) == quota
+
+
+def test_a_quota_caps_the_cores_and_leaves_at_least_one(tmp_path):
+    (tmp_path / "cpu.max").write_text("50000 100000\n")
+    assert available_cores(tmp_path) == 1
+    (tmp_path / "cpu.max").write_text(f"{CORES * 400000} 100000\n")  # more than there are
+    assert available_cores(tmp_path) == CORES

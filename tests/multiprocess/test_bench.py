@@ -1,0 +1,55 @@
+"""`hvd-train bench` alone and under the real `horovodrun -np 2`: its figures add up, say what
+travels, and only rank 0 prints them."""
+
+import json
+
+import pytest
+
+from hvd_train.bench import RankTimes, report
+from tests.conftest import FRAMEWORKS
+from tests.multiprocess.conftest import alone, horovodrun
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
+BENCH = ["-m", "hvd_train", "bench", "--synthetic", "--steps", "8", "--warmup", "2", "--json"]
+# mnist_cnn's weights and biases: conv 5x5x1x32, conv 5x5x32x64, dense 1024x128, dense 128x10.
+PARAMETERS = (25 * 32 + 32) + (25 * 32 * 64 + 64) + (1024 * 128 + 128) + (128 * 10 + 10)
+
+
+def figures(output: str) -> list[dict]:
+    return [json.loads(line.split(":", 1)[1]) for line in output.splitlines() if '{"world' in line]
+
+
+def test_report_splits_the_step_and_sets_it_against_the_limit():
+    rank = RankTimes(examples=64, step=0.05, compute=0.03, sync=0.01, local=0.04, allreduce=0.004)
+    f = report([rank, rank], wall=100 * 0.05, steps=100, gradient_bytes=2_000_000)
+    assert f["images_per_second"] == pytest.approx(2560) and f["step_ms"] == pytest.approx(50)
+    assert (f["t_comp_ms"], f["t_sync_ms"], f["t_other_ms"]) == pytest.approx((30, 10, 10))
+    assert f["limit_images_per_second"] == pytest.approx(3200)
+    assert f["scaling_efficiency"] == pytest.approx(0.8)
+    assert f["plain_allreduce_mb_per_s"] == pytest.approx(500)
+    assert f["step_exchange_mb_per_s"] == pytest.approx(200)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_bench_under_horovodrun_times_the_exchange_on_rank_zero_only(framework):
+    output = horovodrun(*BENCH, "--framework", framework).stdout
+    [bench] = figures(output)  # rank 1 prints nothing
+    assert output.count('{"world') == 1 and '[0]<stdout>:{"world' in output
+    assert bench["world_size"] == 2 and bench["global_batch"] == 128
+    assert bench["t_comp_ms"] > 0 and bench["t_sync_ms"] > 0 and bench["t_other_ms"] >= 0
+    parts = bench["t_comp_ms"] + bench["t_sync_ms"] + bench["t_other_ms"]
+    assert parts == pytest.approx(bench["step_ms"], abs=0.05)
+    assert bench["images_per_second"] == pytest.approx(128_000 / bench["step_ms"], rel=0.01)
+    assert bench["scaling_efficiency"] > 0 and bench["limit_images_per_second"] > 0
+    assert bench["gradient_mb"] == pytest.approx(4 * PARAMETERS / 1e6, abs=0.001)
+    compressed = figures(horovodrun(*BENCH, "--framework", framework,
+                                    "--set", "fp16_compression=true").stdout)[0]  # fmt: skip
+    assert compressed["gradient_mb"] == pytest.approx(2 * PARAMETERS / 1e6, abs=0.001)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_bench_alone_has_nothing_to_exchange(framework):
+    bench = json.loads(alone(*BENCH, "--framework", framework).stdout.splitlines()[-1])
+    assert bench["world_size"] == 1 and bench["global_batch"] == 64
+    # No exchange to wait for: microseconds, against milliseconds under horovodrun.
+    assert bench["t_sync_ms"] < 0.5 and bench["t_comp_ms"] > 0
