@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +37,7 @@ class RankTimes:
     """One rank's seconds per step, and its examples per step."""
 
     examples: int
-    step: float  # a training step, taking its batches included
-    compute: float  # its forward and backward passes (T_comp)
+    compute: float  # a training step's forward and backward passes (T_comp)
     sync: float  # its wait for the exchange (T_sync)
     local: float  # a step without the exchange, taking its batches included
     allreduce: float  # a plain allreduce of the gradients' bytes
@@ -52,17 +52,15 @@ def time_rank(
     batches = [shard[i % len(shard)] for i in range(warmup + steps)]
     flags = np.zeros(2)
 
-    def phase(run: Any) -> tuple[float, float]:
-        """Seconds per timed step, and the phase's wall time; `run` returns the step's parts."""
+    def phase(run: Callable[[list[Any], int], tuple[float, float]]) -> tuple[float, np.ndarray]:
+        """The wall time of the timed steps, and the sums of the parts `run` returns."""
         adapter.allreduce_sum(np.zeros(1))  # every rank starts the phase together
-        started = time.perf_counter()
+        started, parts = time.perf_counter(), np.zeros(2)
         for index, indices in enumerate(batches):
             if index == warmup:
-                parts[:] = 0.0
-                started = time.perf_counter()
-            parts[:] += run([take(data.train, part) for part in indices], index)
-        wall = time.perf_counter() - started
-        return wall / steps, wall
+                started, parts = time.perf_counter(), np.zeros(2)
+            parts += run([take(data.train, part) for part in indices], index)
+        return time.perf_counter() - started, parts
 
     def train(taken: list[Any], index: int) -> tuple[float, float]:
         result = adapter.train_step(taken, 1e-4, index, flags)
@@ -72,13 +70,11 @@ def time_rank(
         adapter.local_step(taken, index)
         return 0.0, 0.0
 
-    parts = np.zeros(2)
-    step, wall = phase(train)
-    compute, sync = parts / steps
-    local_step, _ = phase(local)
+    wall, (compute, sync) = phase(train)
+    local_wall, _ = phase(local)
     allreduce = adapter.time_gradient_allreduce(ALLREDUCE_REPEATS)
     examples = sum(len(part) for part in batches[-1])
-    return RankTimes(examples, step, compute, sync, local_step, allreduce), wall
+    return RankTimes(examples, compute / steps, sync / steps, local_wall / steps, allreduce), wall
 
 
 def report(ranks: list[RankTimes], wall: float, steps: int, gradient_bytes: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ def figures(output: str) -> list[dict]:
 
 
 def test_report_splits_the_step_and_sets_it_against_the_limit():
-    rank = RankTimes(examples=64, step=0.05, compute=0.03, sync=0.01, local=0.04, allreduce=0.004)
+    rank = RankTimes(examples=64, compute=0.03, sync=0.01, local=0.04, allreduce=0.004)
     f = report([rank, rank], wall=100 * 0.05, steps=100, gradient_bytes=2_000_000)
     assert f["images_per_second"] == pytest.approx(2560) and f["step_ms"] == pytest.approx(50)
     assert (f["t_comp_ms"], f["t_sync_ms"], f["t_other_ms"]) == pytest.approx((30, 10, 10))
