@@ -153,6 +153,9 @@ class TorchAdapter(Adapter):
     def _pin(self) -> None:
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_size = hvd.size(), hvd.local_size()
+        # Alone, Horovod registers no hooks (unless elastic) and would average each gradient by
+        # itself, in a round trip to its background thread: there is nothing to exchange.
+        self.exchanges = self.world_size > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"
         if torch.cuda.is_available():
             torch.cuda.set_device(self.local_rank)
             self.device = torch.device("cuda", self.local_rank)
@@ -238,9 +241,7 @@ class TorchAdapter(Adapter):
         loss = torch.stack(losses).mean().double().cpu().reshape(1)
         control = torch.cat([torch.from_numpy(np.asarray(flags, np.float64)), loss])
         computed = time.perf_counter()
-        # Alone, Horovod registers no hooks (unless elastic) and would average each gradient by
-        # itself, in a round trip to its background thread: there is nothing to exchange.
-        if self.world_size > 1 or os.environ.get("HOROVOD_ELASTIC") == "1":
+        if self.exchanges:
             # Sent as the gradients travel, so Horovod fuses it with them: no extra round trip.
             handle = hvd.allreduce_async_(control, op=hvd.Sum, name="hvd_train.control")
             self.optimizer.synchronize()  # the averages, so that norm and clipping see them
@@ -274,14 +275,10 @@ class TorchAdapter(Adapter):
             self.optimizer.step()
         self.optimizer.zero_grad()
 
-    def time_gradient_allreduce(self, repeats: int) -> float:
+    def gradient_allreduce(self) -> Callable[[], Any]:
         dtype = torch.float16 if self.compressed else torch.float32
         tensors = [torch.zeros(p.shape, dtype=dtype) for _, p in self.net.trainable()]
-        hvd.grouped_allreduce(tensors, op=hvd.Average, name="hvd_train.bench")  # warm up
-        started = time.perf_counter()
-        for _ in range(repeats):
-            hvd.grouped_allreduce(tensors, op=hvd.Average, name="hvd_train.bench")
-        return (time.perf_counter() - started) / repeats
+        return lambda: hvd.grouped_allreduce(tensors, op=hvd.Average, name="hvd_train.bench")
 
     @torch.no_grad()
     def logits(self, x: np.ndarray) -> np.ndarray:
