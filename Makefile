@@ -14,7 +14,7 @@ else
 TENSORFLOW := tensorflow-cpu==$(TENSORFLOW_VERSION)
 endif
 
-.PHONY: setup train test lint clean
+.PHONY: setup train test test-containers lint clean
 
 setup: $(VENV)/.setup-done
 
@@ -40,6 +40,12 @@ lint: setup
 
 test: lint
 	$(VENV)/bin/pytest
+
+# Builds the CPU image and trains in containers (tests/containers): a Docker engine, Compose and
+# mmdebstrap are installed and started where this runs as root with apt-get.
+test-containers: setup
+	scripts/install-system-packages.sh --containers
+	$(VENV)/bin/pytest -m containers tests/containers
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -6,7 +6,8 @@
 # torch >= 2.1 refuses, and compiles XLA ops whose headers TensorFlow 2.21's wheel does not
 # ship. horovod-0.28.1.patch beside this script fixes both (see the README).
 #
-# Parts: PyTorch, TensorFlow and Gloo always; MPI when mpicxx is on PATH; NCCL when nvcc is.
+# Parts: Gloo always; PyTorch and TensorFlow where installed (at least one); MPI when mpicxx is
+# on PATH; NCCL when nvcc is.
 # Environment: PYTHON (default: python3), HVD_TRAIN_CACHE (default: ~/.cache/hvd_train).
 set -euo pipefail
 
@@ -24,15 +25,26 @@ command -v c++ >/dev/null || die "no C++ compiler; install one (Debian: apt-get 
 command -v cmake >/dev/null || die "no cmake; install it (Debian: apt-get install cmake, or pip install cmake)"
 command -v patch >/dev/null || die "no patch tool; install it (Debian: apt-get install patch)"
 
-framework_version() {
-    "$python" -c "import $1; print($1.__version__)" 2>/dev/null \
-        || die "$1 is not installed for $python; install the frameworks first (make setup does)"
-}
+# A framework's version, or nothing when it is not installed.
+framework_version() { "$python" -c "import $1; print($1.__version__)" 2>/dev/null || true; }
 py_version="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 torch_version="$(framework_version torch)"
 tf_version="$(framework_version tensorflow)"
+[ -n "$torch_version$tf_version" ] \
+    || die "neither torch nor tensorflow is installed for $python; install them first (make setup does)"
 
-build_env=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1)
+build_env=(HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1)
+parts=(Gloo)
+for framework in PyTorch TensorFlow; do
+    if [ "$framework" = PyTorch ]; then version="$torch_version"; else version="$tf_version"; fi
+    if [ -n "$version" ]; then
+        build_env+=("HOROVOD_WITH_${framework^^}=1")
+        parts+=("$framework")
+    else
+        build_env+=("HOROVOD_WITHOUT_${framework^^}=1")
+        say "$framework is not installed for $python: building Horovod without it"
+    fi
+done
 features=gloo
 if command -v mpicxx >/dev/null; then
     build_env+=(HOROVOD_WITH_MPI=1)
@@ -45,7 +57,7 @@ if command -v nvcc >/dev/null && "$python" -c 'import sys, torch; sys.exit(not t
     features+=-nccl
 fi
 patch_hash="$(sha256sum "$patch_file" | cut -c1-8)"
-key="horovod-$HOROVOD_VERSION-py$py_version-torch$torch_version-tf$tf_version-$features-$patch_hash"
+key="horovod-$HOROVOD_VERSION-py$py_version-torch${torch_version:-none}-tf${tf_version:-none}-$features-$patch_hash"
 wheel_dir="$cache/wheels/$key"
 say "build key: $key"
 
@@ -57,7 +69,7 @@ if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
         || die "could not download the horovod $HOROVOD_VERSION sdist from the package index"
     tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"
-    say "patching: C++17 for torch >= 2.1, no XLA ops for TensorFlow >= 2.21"
+    say "patching: C++17, no XLA ops, newer compilers, Gloo's interface, horovodrun (see the README)"
     patch --quiet -p1 -d "$src" < "$patch_file" || die "$patch_file does not apply to the sdist"
     say "compiling with ${build_env[*]}"
     env "${build_env[@]}" MAKEFLAGS="-j$(nproc)" \
@@ -78,7 +90,7 @@ say "installing $(ls "$wheel_dir")"
 bin="$(dirname "$("$python" -c 'import sys; print(sys.executable)')")"
 check="$(TF_CPP_MIN_LOG_LEVEL=3 "$bin/horovodrun" --check-build 2>/dev/null)"
 echo "$check"
-for part in PyTorch TensorFlow Gloo; do
+for part in "${parts[@]}"; do
     grep -q "\[X\] $part" <<< "$check" || die "Horovod was built without $part; see the messages above"
 done
 say "ok"

@@ -3,16 +3,32 @@
 # Open MPI (openmpi-bin, libopenmpi-dev), so Horovod is built with the MPI controller too,
 # OpenSSH (client and server), which horovodrun uses to start workers on other hosts, and
 # iproute2 (`ip`), with which the multi-host test makes its hosts in network namespaces.
-# Without root or apt-get it says what is missing and goes on: one host with Gloo needs neither.
+# With --containers, what `make test-containers` uses instead: a Docker engine (docker.io),
+# Compose (docker-compose) and mmdebstrap, which makes Debian base images from Debian's packages.
+# Without root or apt-get it says what is missing and goes on: one host with Gloo needs neither,
+# and the container tests skip, saying why.
 set -euo pipefail
 
 missing=()
-command -v mpicxx >/dev/null && command -v mpirun >/dev/null || missing+=(openmpi-bin libopenmpi-dev)
-command -v ssh >/dev/null || missing+=(openssh-client)
-[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
-command -v ip >/dev/null || missing+=(iproute2)
+if [ "${1:-}" = --containers ]; then
+    wanted="a Docker engine, Compose and mmdebstrap"
+    without="the container tests skip; install them and run make test-containers again"
+    command -v dockerd >/dev/null || missing+=(docker.io)
+    command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 \
+        || missing+=(docker-compose)
+    command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+else
+    wanted="Open MPI, OpenSSH and iproute2"
+    without="Horovod will be built without MPI if Open MPI is missing, and multi-host runs need"
+    without+=" OpenSSH; install them and run make setup again"
+    command -v mpicxx >/dev/null && command -v mpirun >/dev/null \
+        || missing+=(openmpi-bin libopenmpi-dev)
+    command -v ssh >/dev/null || missing+=(openssh-client)
+    [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+    command -v ip >/dev/null || missing+=(iproute2)
+fi
 if [ ${#missing[@]} -eq 0 ]; then
-    echo "[install-system-packages] Open MPI, OpenSSH and iproute2 are installed"
+    echo "[install-system-packages] $wanted: installed"
 elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "[install-system-packages] installing ${missing[*]}"
     apt-get update -qq
@@ -20,6 +36,5 @@ elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         "${missing[@]}" >/dev/null
 else
     echo "[install-system-packages] not installed: ${missing[*]} (installing needs root and" \
-         "apt-get). Horovod will be built without MPI if Open MPI is missing, and multi-host" \
-         "runs need OpenSSH; install them and run make setup again." >&2
+         "apt-get). Without them, $without." >&2
 fi

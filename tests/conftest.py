@@ -18,7 +18,7 @@ def mnist_dir() -> Path:
     for candidate in (os.environ.get("HVD_TRAIN_TEST_MNIST"), REPO.parent / "shared/data/mnist"):
         if candidate and Path(candidate).is_dir():
             return Path(candidate)
-    from hvd_train.mnist import fetch_into_cache
+    from hvd_train.data.mnist import fetch_into_cache
 
     return fetch_into_cache()
 

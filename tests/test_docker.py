@@ -1,6 +1,6 @@
 """The container and cluster files: they use the tested pieces (the Horovod build script, the
-CLI) and say what the README says. No Docker engine runs here; hadolint lints the Dockerfiles
-in `make lint`."""
+CLI) and say what the README says. hadolint lints the Dockerfiles in `make lint`; the images are
+built and run by tests/containers (`make test-containers`)."""
 
 import subprocess
 
@@ -15,9 +15,12 @@ DOCKER = REPO / "docker"
 @pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.cuda"])
 def test_images_build_horovod_with_the_project_script_and_run_the_cli(name):
     text = (DOCKER / name).read_text()
-    assert "RUN PYTHON=python scripts/build-horovod.sh" in text
-    assert "openmpi-bin libopenmpi-dev openssh-server" in text
-    assert text.rstrip().endswith('CMD ["python", "-m", "hvd_train"]')
+    build, final = text.split("\nFROM ")[1:]
+    assert "PYTHON=python scripts/build-horovod.sh" in build and "libopenmpi-dev" in build
+    # The image that runs: no compiler, what horovodrun needs, the environment built before.
+    assert "g++" not in final and "openmpi-bin" in final and "openssh-server" in final
+    assert "COPY --from=build /opt/venv /opt/venv" in final
+    assert final.rstrip().endswith('CMD ["python", "-m", "hvd_train"]')
 
 
 def test_compose_starts_a_launcher_and_two_workers_that_train_across_them():
@@ -25,10 +28,13 @@ def test_compose_starts_a_launcher_and_two_workers_that_train_across_them():
     services = compose["services"]
     assert set(services) == {"keys", "worker1", "worker2", "launcher"}
     launcher = " ".join(services["launcher"]["command"])
-    assert "horovodrun -np 2 -H worker1:1,worker2:1" in launcher
+    assert "horovodrun -np 2 --gloo -H worker1:1,worker2:1" in launcher
+    assert "export HVD_TRAIN_THREADS=" in launcher  # the workers share this machine
     assert "python -m hvd_train --recipe mnist_cnn" in launcher
     for name in ("worker1", "worker2", "launcher"):
         assert services[name]["environment"]["HVD_TRAIN_SSH_KEYS"] == "/keys"
+        # Rank 0 runs on a worker: the run folder must be the host's there too.
+        assert "${HVD_TRAIN_RUNS:-../runs}:/opt/hvd_train/runs" in services[name]["volumes"]
 
 
 def test_mpijob_runs_the_recipe_with_horovodrun_on_the_operators_hostfile():
