@@ -81,8 +81,9 @@ def remove_leftovers(docker: str) -> None:
              "--filter", f"label=com.docker.compose.project={PROJECT}"],
             capture_output=True, text=True,
         ).stdout.split()  # fmt: skip
-        if listed:
-            subprocess.run([docker, kind, "rm", "-f", *listed], capture_output=True)
+        if listed:  # networks take no --force
+            force = [] if kind == "network" else ["--force"]
+            subprocess.run([docker, kind, "rm", *force, *listed], capture_output=True)
 
 
 def debian_base(docker: str, suite: str) -> str:
