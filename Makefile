@@ -45,7 +45,7 @@ test: lint
 # mmdebstrap are installed and started where this runs as root with apt-get.
 test-containers: setup
 	scripts/install-system-packages.sh --containers
-	$(VENV)/bin/pytest -m containers tests/containers
+	$(VENV)/bin/pytest --containers tests/containers
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -28,3 +28,18 @@ def _pytest_loads_no_horovod_binding():
     """Adapters run in subprocesses only: pytest itself must never hold a Horovod binding."""
     yield
     assert not {"horovod.torch", "horovod.tensorflow"} & set(sys.modules)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    help = "also build and run the Docker images (make test-containers)"
+    parser.addoption("--containers", action="store_true", help=help)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `containers` run only with --containers, whatever -m says."""
+    if config.getoption("--containers"):
+        return
+    left_out = [item for item in items if item.get_closest_marker("containers")]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not item.get_closest_marker("containers")]

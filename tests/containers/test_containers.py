@@ -1,7 +1,8 @@
 """The images, built and run: the CPU image on Debian 12 trains across containers with the compose
 file (a launcher and two workers, horovodrun over SSH), evaluates and checks itself; on Debian 13
 (gcc 14, Python 3.13), Horovod builds and trains under TensorFlow. `make test-containers` runs
-these (they take about 25 minutes on 2 cores, mostly compiling Horovod twice); `make test` does not.
+these (20 minutes from an empty engine on 2 cores, mostly compiling Horovod twice); `make test`
+does not.
 """
 
 import json
