@@ -46,9 +46,23 @@ def cannot_make_hosts() -> str | None:
     return None
 
 
+def forwarding_rules(bridge: str) -> list[list[str]]:
+    """iptables rules that let traffic cross the bridge: where Docker ran, the FORWARD chain
+    drops bridged traffic by default (it sets the policy and makes the bridge netfilter
+    module filter bridges), and the hosts could not reach each other."""
+    if shutil.which("iptables") is None:
+        return []
+    return [["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]]
+
+
 def remove_leftovers() -> None:
-    """What an earlier run killed before its clean-up left: its namespaces, their hosts files
-    and its bridge."""
+    """What an earlier run killed before its clean-up left: its namespaces, their hosts files,
+    its bridge and its iptables rules."""
+    if shutil.which("iptables"):
+        listed = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True)
+        for rule in listed.stdout.splitlines():
+            if rule.startswith("-A FORWARD") and " hvdtbr" in rule:
+                subprocess.run(["iptables", "-D", *rule.split()[1:]], capture_output=True)
     for folder in Path("/etc/netns").glob("hvdtns*"):
         shutil.rmtree(folder, ignore_errors=True)
     for line in subprocess.run(
@@ -97,6 +111,8 @@ def two_hosts(tmp_path_factory) -> Iterator[Path]:
         sh("ip", "link", "add", bridge, "type", "bridge")
         sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", bridge)
         sh("ip", "link", "set", bridge, "up")
+        for rule in forwarding_rules(bridge):
+            sh("iptables", "-I", *rule)
         entries = "".join(f"{address} {name} {HOSTS_MARK}\n" for name, address in HOSTS.items())
         hosts_file.write_text(original_hosts + entries)
         for namespace, (name, address) in zip(namespaces, HOSTS.items(), strict=True):
@@ -129,6 +145,8 @@ def two_hosts(tmp_path_factory) -> Iterator[Path]:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
             shutil.rmtree(Path("/etc/netns") / namespace, ignore_errors=True)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+        for rule in forwarding_rules(bridge):
+            subprocess.run(["iptables", "-D", *rule], capture_output=True)
         hosts_file.write_text(original_hosts)
         forget_host_keys()
 

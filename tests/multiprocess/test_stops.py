@@ -171,7 +171,9 @@ def test_a_vanished_output_directory_is_one_line(framework, mnist_dir, tmp_path)
     job = start("--framework", framework, "--data-dir", str(mnist_dir), "--log-every", "5",
                 "--output-dir", str(run))  # fmt: skip
     wait_for(lambda: records(run), job)
-    shutil.rmtree(run)
+    # Moved away at once, then deleted: deleting in place races with the job's writes into it.
+    run.rename(tmp_path / "gone")
+    shutil.rmtree(tmp_path / "gone", ignore_errors=True)
     output, _ = job.communicate(timeout=120)
     assert job.returncode != 0
     lines = error_lines(output)
