@@ -1,6 +1,6 @@
 """A Docker engine for the container tests: the one running, or one this test starts (as root,
 where Debian's docker.io is installed), else the tests skip with the reason. Base images come
-from Docker Hub where it is reachable, else from Debian's packages with mmdebstrap."""
+from Debian's packages with mmdebstrap, which needs no Docker Hub."""
 
 import os
 import shutil

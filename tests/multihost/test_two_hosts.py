@@ -46,13 +46,13 @@ def cannot_make_hosts() -> str | None:
     return None
 
 
-def forwarding_rules(bridge: str) -> list[list[str]]:
-    """iptables rules that let traffic cross the bridge: where Docker ran, the FORWARD chain
-    drops bridged traffic by default (it sets the policy and makes the bridge netfilter
-    module filter bridges), and the hosts could not reach each other."""
+def forwarding_rule(bridge: str) -> list[str] | None:
+    """The iptables rule that lets traffic cross the bridge, where iptables exists: where Docker
+    ran, the FORWARD chain drops bridged traffic by default (it sets the policy and makes the
+    bridge netfilter module filter bridges), and the hosts could not reach each other."""
     if shutil.which("iptables") is None:
-        return []
-    return [["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]]
+        return None
+    return ["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
 
 
 def remove_leftovers() -> None:
@@ -107,11 +107,12 @@ def two_hosts(tmp_path_factory) -> Iterator[Path]:
         line for line in hosts_file.read_text().splitlines(keepends=True) if HOSTS_MARK not in line
     )
     forget_host_keys()  # each run makes new host keys; ssh must not hold on to older ones
+    rule = forwarding_rule(bridge)
     try:
         sh("ip", "link", "add", bridge, "type", "bridge")
         sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", bridge)
         sh("ip", "link", "set", bridge, "up")
-        for rule in forwarding_rules(bridge):
+        if rule:
             sh("iptables", "-I", *rule)
         entries = "".join(f"{address} {name} {HOSTS_MARK}\n" for name, address in HOSTS.items())
         hosts_file.write_text(original_hosts + entries)
@@ -145,7 +146,7 @@ def two_hosts(tmp_path_factory) -> Iterator[Path]:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
             shutil.rmtree(Path("/etc/netns") / namespace, ignore_errors=True)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
-        for rule in forwarding_rules(bridge):
+        if rule:
             subprocess.run(["iptables", "-D", *rule], capture_output=True)
         hosts_file.write_text(original_hosts)
         forget_host_keys()
