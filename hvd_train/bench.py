@@ -9,6 +9,8 @@ Run alone or under horovodrun, it times three things on every rank, one after th
      it the scaling efficiency;
   3. a plain allreduce of tensors shaped like the gradients, with no training around it: the
      bandwidth the exchange could reach.
+With links (Gbit/s), it also projects the scaling efficiency at more hosts, one rank each, on
+such links, from the step it measured (see `projected_efficiency`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from hvd_train.models import build_model
 from hvd_train.recipe import Data
 
 ALLREDUCE_REPEATS = 20
+PROJECTED_HOSTS = (2, 4, 8, 16, 32, 64)
+BACKWARD_SHARE = 2 / 3  # of T_comp: the pass that gradients travel during
 
 
 @dataclass(frozen=True)
@@ -100,16 +104,48 @@ def report(ranks: list[RankTimes], wall: float, steps: int, gradient_bytes: int)
         "plain_allreduce_ms": round(1000 * allreduce, 2),
         "plain_allreduce_mb_per_s": round(gradient_bytes / 1e6 / max(allreduce, 1e-9), 1),
         "step_exchange_mb_per_s": round(gradient_bytes / 1e6 / sync, 1) if sync > 1e-6 else None,
+        "local_step_ms": round(1000 * examples / limit, 2),  # a step at the limit
     }
+
+
+def projected_efficiency(figures: dict[str, Any], hosts: int, gbit_per_s: float) -> float:
+    """The scaling efficiency at `hosts` hosts of one rank each, joined by links of `gbit_per_s`.
+
+    A ring allreduce makes every rank send (and receive) 2(N-1)/N of the gradients' bytes. The
+    step measured here already holds everything else the exchange costs (negotiation, the
+    fusion buffer, waiting for the slowest rank) over a link that is next to free (loopback or
+    a bridge). Gradients travel as the backward pass makes them, so the bytes' time on the link
+    hides behind the rest of that pass: taken as two thirds of T_comp (a backward pass costs
+    about twice the forward). What it cannot hide lengthens the step, set against the step
+    without any exchange. Links' latency is left out: it is microseconds against milliseconds."""
+    wire_ms = 2 * (hosts - 1) / hosts * figures["gradient_mb"] * 8 / gbit_per_s
+    exposed_ms = max(0.0, wire_ms - BACKWARD_SHARE * figures["t_comp_ms"])
+    return figures["local_step_ms"] / (figures["step_ms"] + exposed_ms)
+
+
+def projection(figures: dict[str, Any], links: list[float]) -> dict[str, dict[str, float]]:
+    """Gbit/s -> hosts -> projected scaling efficiency, as JSON keys."""
+    return {
+        f"{gbit:g}": {str(n): round(projected_efficiency(figures, n, gbit), 3)
+                      for n in PROJECTED_HOSTS}
+        for gbit in links
+    }  # fmt: skip
 
 
 def table(figures: dict[str, Any], title: str) -> str:
     f = figures
-    exchange = (
-        f"exchanged at {f['step_exchange_mb_per_s']} MB/s as far as the step waits for it"
-        if f["step_exchange_mb_per_s"]
-        else "the exchange hides entirely behind the computation"
-    )
+    if f["world_size"] == 1:
+        exchange = "alone, nothing is exchanged"
+    elif f["step_exchange_mb_per_s"]:
+        exchange = (f"exchanged at {f['step_exchange_mb_per_s']} MB/s as far as the step "
+                    "waits for it")  # fmt: skip
+    else:
+        exchange = "the exchange hides entirely behind the computation"
+    projected = [
+        f"  projected on {gbit} Gbit/s: " + ", ".join(f"{n} hosts {100 * e:.0f} %"
+                                                      for n, e in by_hosts.items())
+        for gbit, by_hosts in f.get("projection", {}).items()
+    ]  # fmt: skip
     return "\n".join([
         title,
         f"  images/s             {f['images_per_second']:10.1f}",
@@ -121,6 +157,7 @@ def table(figures: dict[str, Any], title: str) -> str:
         f"  gradients            {f['gradient_mb']:10.3f} MB per step; {exchange}; a plain "
         f"allreduce of them takes {f['plain_allreduce_ms']:.2f} ms "
         f"({f['plain_allreduce_mb_per_s']} MB/s)",
+        *projected,
     ])  # fmt: skip
 
 
@@ -132,6 +169,7 @@ def run_bench(
     warmup: int,
     synthetic: bool,
     data_dir: Any,
+    links: list[float],
 ) -> dict[str, Any] | None:
     """Times the recipe on this rank (alone or as one of horovodrun's); the figures on rank 0,
     None on the others."""
@@ -148,6 +186,9 @@ def run_bench(
     recipe.check_framework(framework)
     adapter = create_adapter(framework)
     adapter.init()
+    if links and adapter.world_size == 1:
+        raise UsageError("--links projects from a measured exchange, and alone there is none: "
+                         "run bench under horovodrun -np 2 or more")  # fmt: skip
     data = load_data(recipe, data_dir)
     adapter.setup(build_model(recipe, adapter, seed=0), recipe)
     adapter.broadcast_state(include_optimizer=False)
@@ -159,6 +200,8 @@ def run_bench(
     weights = [a for name, a in adapter.trained_state().items() if name.startswith("weight.")]
     per_value = 2 if recipe.horovod.fp16_compression else 4
     figures = report(ranks, wall, steps, per_value * sum(a.size for a in weights))
+    if links:
+        figures["projection"] = projection(figures, links)
     threads = adapter.threads_per_rank()
     return figures | {"recipe": recipe.name, "framework": framework, "steps": steps,
                       "threads_per_rank": threads}  # fmt: skip

@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,7 +22,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"hvd-train: error: {message}; see `hvd-train --help`\n")
 
 
-def positive(kind: type) -> argparse._ActionType:
+def positive(kind: type) -> Callable[[str], int | float]:
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
@@ -36,6 +37,12 @@ def positive(kind: type) -> argparse._ActionType:
         return value
 
     return parse
+
+
+def gbit_list(text: str) -> list[float]:
+    """Comma-separated positive link speeds in Gbit/s."""
+    number = positive(float)
+    return [float(number(part)) for part in text.split(",")]
 
 
 def setting(text: str) -> tuple[str, Any]:
@@ -214,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--synthetic", action="store_true", help="synthetic data of the recipe's "
                        "shape instead of its own (no files needed)")  # fmt: skip
     bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--links", type=gbit_list, default=[], metavar="GBITS",
+                       help="also project the scaling efficiency at 2 to 64 hosts on links of "
+                       "these Gbit/s, as 10,1,0.1; needs 2 or more ranks")  # fmt: skip
     plot = commands.add_parser(
         "plot", help="draw the loss, accuracy and learning-rate curves of runs side by side"
     )
@@ -302,7 +312,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     framework = args.framework or DEFAULT_FRAMEWORK
     figures = bench(args.recipe, framework, overrides(args), args.steps, args.warmup,
-                    args.synthetic, args.data_dir)  # fmt: skip
+                    args.synthetic, args.data_dir, args.links)  # fmt: skip
     if figures is None:  # not rank 0
         return 0
     title = (f"hvd-train bench: {figures['recipe']} under {framework}, {figures['world_size']} "

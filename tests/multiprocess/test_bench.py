@@ -2,10 +2,12 @@
 travels, and only rank 0 prints them."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from hvd_train.bench import RankTimes, report
+from hvd_train.bench import RankTimes, projected_efficiency, report
 from tests.conftest import FRAMEWORKS
 from tests.multiprocess.conftest import alone, horovodrun
 
@@ -30,9 +32,20 @@ def test_report_splits_the_step_and_sets_it_against_the_limit():
     assert f["step_exchange_mb_per_s"] == pytest.approx(200)
 
 
+def test_projection_adds_what_the_ring_sends_that_the_backward_pass_cannot_hide():
+    f = {"step_ms": 50.0, "local_step_ms": 40.0, "gradient_mb": 1.0, "t_comp_ms": 30.0}
+    # Two hosts: each sends 2(N-1)/N = all of its 1 MB, 8 Mbit: 80 ms at 0.1 Gbit/s, of which
+    # the backward pass (2/3 of T_comp: 20 ms) hides 20.
+    assert projected_efficiency(f, 2, 0.1) == pytest.approx(40 / (50 + 60))
+    assert projected_efficiency(f, 64, 0.1) == pytest.approx(40 / (50 + 160 * 63 / 64 - 20))
+    # What the backward pass hides entirely, and a link next to free, leave the step as it is.
+    assert projected_efficiency(f, 2, 1.0) == pytest.approx(0.8)
+    assert projected_efficiency(f, 2, 1e9) == pytest.approx(0.8)
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_bench_under_horovodrun_times_the_exchange_on_rank_zero_only(framework):
-    output = horovodrun(*BENCH, "--framework", framework).stdout
+    output = horovodrun(*BENCH, "--framework", framework, "--links", "100000,0.1").stdout
     [bench] = figures(output)  # rank 1 prints nothing
     assert output.count('{"world') == 1 and '[0]<stdout>:{"world' in output
     assert bench["world_size"] == 2 and bench["global_batch"] == 128
@@ -42,6 +55,13 @@ def test_bench_under_horovodrun_times_the_exchange_on_rank_zero_only(framework):
     assert bench["images_per_second"] == pytest.approx(128_000 / bench["step_ms"], rel=0.01)
     assert bench["scaling_efficiency"] > 0 and bench["limit_images_per_second"] > 0
     assert bench["gradient_mb"] == pytest.approx(4 * PARAMETERS / 1e6, abs=0.001)
+    free, slow = bench["projection"]["100000"], bench["projection"]["0.1"]
+    assert list(free) == ["2", "4", "8", "16", "32", "64"]
+    assert free["2"] == pytest.approx(bench["scaling_efficiency"], abs=0.002)
+    wire_ms = bench["gradient_mb"] * 8 / 0.1  # two hosts, each sending all of it
+    exposed_ms = max(0, wire_ms - 2 / 3 * bench["t_comp_ms"])
+    expected = bench["local_step_ms"] / (bench["step_ms"] + exposed_ms)
+    assert slow["2"] == pytest.approx(expected, abs=0.001) and slow["64"] < slow["2"]
     compressed = figures(horovodrun(*BENCH, "--framework", framework,
                                     "--set", "fp16_compression=true").stdout)[0]  # fmt: skip
     assert compressed["gradient_mb"] == pytest.approx(2 * PARAMETERS / 1e6, abs=0.001)
@@ -53,3 +73,7 @@ def test_bench_alone_has_nothing_to_exchange(framework):
     assert bench["world_size"] == 1 and bench["global_batch"] == 64
     # No exchange to wait for: microseconds, against milliseconds under horovodrun.
     assert bench["t_sync_ms"] < 0.5 and bench["t_comp_ms"] > 0
+    projecting = [sys.executable, *BENCH, "--framework", framework, "--links", "1"]
+    refused = subprocess.run(projecting, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2
+    assert "--links projects from a measured exchange" in refused.stderr.strip().splitlines()[-1]
