@@ -55,6 +55,7 @@ class TensorFlowAdapter(Adapter):
     name = "tensorflow"
 
     def init(self) -> None:
+        self.apply_horovod_defaults()
         hvd.init()
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_size = hvd.size(), hvd.local_size()

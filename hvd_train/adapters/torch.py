@@ -147,6 +147,7 @@ class TorchAdapter(Adapter):
     supports_elastic = True
 
     def init(self) -> None:
+        self.apply_horovod_defaults()
         hvd.init()
         self._pin()
 

@@ -1,10 +1,14 @@
-"""How many threads a rank takes: its share of the cores it may use, a cgroup quota included."""
+"""How many threads a rank takes: its share of the cores it may use, a cgroup quota included;
+and the Horovod settings hvd_train applies."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 from hvd_train.adapters.base import available_cores, cgroup_cpu_quota
+from tests.conftest import FRAMEWORKS
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -31,3 +35,19 @@ def test_a_quota_caps_the_cores_and_leaves_at_least_one(tmp_path):
     assert available_cores(tmp_path) == 1
     (tmp_path / "cpu.max").write_text(f"{CORES * 400000} 100000\n")  # more than there are
     assert available_cores(tmp_path) == CORES
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize(("given", "expected"), [(None, "3"), ("7", "7")])
+def test_horovod_cycles_every_3_ms_unless_the_environment_says(framework, given, expected):
+    # In its own process: pytest never loads a Horovod binding. hvd.init reads the variable,
+    # so the adapter sets it before; the probe prints what it was then.
+    probe = ("import os; from hvd_train.adapters import create_adapter; "
+             f"create_adapter({framework!r}).init(); "
+             "print(os.environ['HOROVOD_CYCLE_TIME'])")  # fmt: skip
+    environment = {k: v for k, v in os.environ.items() if k != "HOROVOD_CYCLE_TIME"}
+    if given:
+        environment["HOROVOD_CYCLE_TIME"] = given
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env=environment, timeout=300, check=True)  # fmt: skip
+    assert result.stdout.split()[-1] == expected
