@@ -8,7 +8,7 @@ Two hosts in network namespaces (`benchmarks.hosts`), one rank each, run `hvd-tr
 synthetic data of mnist_cnn's shape: first on their bare link (a bridge, next to free), which
 gives the projection (`hvd-train bench --links`), then with each host's sending rate-limited by a
 `tc` token bucket to each link speed. Each with and without fp16 compression. It prints measured
-against projected images/s for two hosts, and charts the projected scaling efficiency against
+against projected scaling efficiency for two hosts, and charts the projection against
 hosts for each link. Each figure is the best of --repeats runs.
 """
 
