@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-SUBNET = "10.213.7"  # addresses exist only inside the namespaces this test makes
+SUBNET = "10.213.7"  # addresses exist only inside the namespaces made here
 HOSTS = {"hvd-host-a": f"{SUBNET}.2", "hvd-host-b": f"{SUBNET}.3"}
 HOSTS_MARK = "# hvd_train multi-host test"
 SSHD = Path("/usr/sbin/sshd")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.hosts import HOSTS, Hosts, cannot_make_hosts, shape, two_hosts
-from benchmarks.run import BIN, PYTHON, machine
+from benchmarks.run import BIN, PYTHON, machine, results
 from hvd_train.bench import projected_efficiency
 
 TOLERANCE = 0.15  # how far a projection may be from the shaped runs' figure
@@ -44,8 +44,8 @@ def bench(hosts: Hosts, steps: int, fp16: bool, links: list[float]) -> dict[str,
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)
     if result.returncode != 0:
         raise RuntimeError(f"{command} failed:\n{(result.stdout + result.stderr)[-3000:]}")
-    [line] = [line for line in result.stdout.splitlines() if '{"world_size"' in line]
-    return json.loads(line.split(":", 1)[1])
+    [figures] = results([result.stdout])
+    return figures
 
 
 def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
