@@ -3,8 +3,8 @@
 Horovod 0.28.1's Keras integration targets Keras 2. With Keras 3, `DistributedGradientTape` and
 `broadcast_variables` fail on Keras variables, and its Keras `DistributedOptimizer` would let
 `model.fit` apply gradients that were never averaged. So this adapter uses Horovod's TensorFlow
-ops directly: a compiled train step averages each gradient with `allreduce`, and broadcasts
-act on the `tf.Variable`s under the Keras variables.
+ops directly: a compiled train step averages the gradients with `grouped_allreduce`, and
+broadcasts act on the `tf.Variable`s under the Keras variables.
 """
 
 from __future__ import annotations
@@ -149,10 +149,10 @@ class TensorFlowAdapter(Adapter):
         self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor, learning_rate: tf.Tensor,
         flags: tf.Tensor,
     ) -> tuple[tf.Tensor, ...]:  # fmt: skip
-        """The step's last backward pass, the average over ranks of the gradients, the flags
-        and the loss, and the update; with the times (of tf.timestamp) when the passes and the
-        exchange were done. One graph: Horovod's ops run in it as soon as their inputs are
-        ready, beside the rest."""
+        """The step's last backward pass, the average over ranks (of the gradients and, in the
+        same allreduce, of the flags and the loss), and the update; with the times (of
+        tf.timestamp) when the passes and the exchange were done. One graph: Horovod's ops run
+        in it as soon as their inputs are ready, beside the rest."""
         gradients, loss = self._gradients(x, y, seed)
         if self.accumulators:  # the earlier passes of this step, averaged locally first
             parts = zip(self.accumulators, [*gradients, loss], strict=True)
@@ -163,15 +163,13 @@ class TensorFlowAdapter(Adapter):
         with tf.control_dependencies([*gradients, control]):
             computed = tf.timestamp()
         if self.world_size > 1:  # alone, there is nothing to exchange
-            # One allreduce per gradient, each free to start once its gradient exists: the
-            # last layers' gradients (most of the bytes) travel while the backward pass goes on
-            # through the convolutions; Horovod fuses those that are ready in the same cycle.
-            # (One grouped allreduce waits for the whole pass; measured, T_sync was higher in
-            # 6 of 6 interleaved runs.) The control values travel uncompressed.
-            control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
-            gradients = [
-                hvd.allreduce(g, op=hvd.Average, compression=self.compression) for g in gradients
-            ]
+            # Two collectives with no order between them: Horovod negotiates them in the same
+            # cycle. The control values travel uncompressed, at full precision.
+            with tf.control_dependencies([computed]):
+                control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
+                gradients = hvd.grouped_allreduce(
+                    gradients, op=hvd.Average, compression=self.compression
+                )
         with tf.control_dependencies([*gradients, control]):
             synced = tf.timestamp()
         norm = tf.linalg.global_norm(gradients)
