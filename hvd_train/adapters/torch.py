@@ -1,8 +1,9 @@
 """PyTorch under Horovod.
 
 The model is a `torch.nn.Module`: built from the neutral layer list, a recipe's own module, or a
-Keras 3 model on Keras's torch backend (whose layers are torch modules too). Either way
-Horovod's torch `DistributedOptimizer` averages the gradients of its trainable parameters.
+Keras 3 model on Keras's torch backend (whose layers are torch modules too). Either way the
+gradients of its trainable parameters are averaged over the ranks in one grouped Horovod
+allreduce after the step's backward passes, as the TensorFlow adapter does.
 """
 
 from __future__ import annotations
@@ -190,14 +191,8 @@ class TorchAdapter(Adapter):
         )
         self.clip_norm = recipe.optimizer.gradient_clip_norm
         self.compressed = recipe.horovod.fp16_compression
-        compression = hvd.Compression.fp16 if self.compressed else hvd.Compression.none
-        trainable = self.net.trainable()
-        self.optimizer = hvd.DistributedOptimizer(
-            _optimizer(recipe.optimizer, [p for _, p in trainable]),
-            named_parameters=trainable,
-            compression=compression,
-            backward_passes_per_step=recipe.horovod.backward_passes_per_step,
-        )
+        self.compression = hvd.Compression.fp16 if self.compressed else hvd.Compression.none
+        self.optimizer = _optimizer(recipe.optimizer, [p for _, p in self.net.trainable()])
 
     def broadcast_state(self, include_optimizer: bool) -> None:
         if include_optimizer:
@@ -236,29 +231,40 @@ class TorchAdapter(Adapter):
             self.net.reseed(seed + index)
             inputs, labels = self._tensors(x, y)
             loss = self.loss(self.net.forward(inputs, training=True), labels)
-            # Horovod sums the batches' gradients locally before averaging over ranks.
-            (loss / len(batches)).backward()
+            (loss / len(batches)).backward()  # the batches' gradients add up in .grad
             losses.append(loss.detach())
-        loss = torch.stack(losses).mean().double().cpu().reshape(1)
-        control = torch.cat([torch.from_numpy(np.asarray(flags, np.float64)), loss])
+        parameters = [p for _, p in self.net.trainable()]
+        loss = torch.stack(losses).mean().float().cpu().reshape(1)
+        control = torch.cat([torch.from_numpy(np.asarray(flags, np.float32)), loss])
         computed = time.perf_counter()
         if self.exchanges:
-            # Sent as the gradients travel, so Horovod fuses it with them: no extra round trip.
-            handle = hvd.allreduce_async_(control, op=hvd.Sum, name="hvd_train.control")
-            self.optimizer.synchronize()  # the averages, so that norm and clipping see them
-            control = hvd.synchronize(handle)
+            control = self._average(parameters, control)
         synced = time.perf_counter()
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
-        parameters = [p for _, p in self.net.trainable()]
         norm = nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
         if self.clip_norm:
             nn.utils.clip_grads_with_norm_(parameters, self.clip_norm, norm)
-        with self.optimizer.skip_synchronize():
-            self.optimizer.step()
+        self.optimizer.step()
         self.optimizer.zero_grad()
-        return StepResult(float(control[-1]) / self.world_size, float(norm),
-                          control[:-1].numpy(), computed - started, synced - computed)  # fmt: skip
+        return StepResult(float(control[-1]), float(norm), control[:-1].numpy() * self.world_size,
+                          computed - started, synced - computed)  # fmt: skip
+
+    def _average(self, parameters: list[torch.Tensor], control: torch.Tensor) -> torch.Tensor:
+        """Averages the gradients over the ranks, and the control values (flags and
+        loss) with them: one grouped allreduce after the backward passes, so one negotiation
+        and, uncompressed, one fused exchange per step. (Horovod's DistributedOptimizer
+        instead sends each gradient as the backward pass makes it; on CPU that exchange takes
+        the cores the backward pass needs, and it measured 20-30% slower here: see the
+        README.) The control values travel uncompressed. A parameter this rank left without
+        a gradient sends zeros, as another rank may have one."""
+        gradients = [torch.zeros_like(p) if p.grad is None else p.grad for p in parameters]
+        sent, contexts = zip(*map(self.compression.compress, gradients), strict=True)
+        *averages, control = hvd.grouped_allreduce([*sent, control], op=hvd.Average,
+                                                   name="hvd_train.step")  # fmt: skip
+        for parameter, average, context in zip(parameters, averages, contexts, strict=True):
+            parameter.grad = self.compression.decompress(average, context)
+        return control
 
     def local_step(self, batches: list[Batch], seed: int) -> None:
         parameters = [p for _, p in self.net.trainable()]
@@ -267,13 +273,11 @@ class TorchAdapter(Adapter):
             self.net.reseed(seed + index)
             inputs, labels = self._tensors(x, y)
             loss = self.loss(self.net.forward(inputs, training=True), labels) / len(batches)
-            # autograd.grad fills no .grad, so Horovod's hooks (which send them) never fire.
             gradients = torch.autograd.grad(loss, parameters, allow_unused=True)
             totals = [t if g is None else t + g for t, g in zip(totals, gradients, strict=True)]
         for parameter, total in zip(parameters, totals, strict=True):
             parameter.grad = total
-        with self.optimizer.skip_synchronize():
-            self.optimizer.step()
+        self.optimizer.step()
         self.optimizer.zero_grad()
 
     def gradient_allreduce(self) -> Callable[[], Any]:
