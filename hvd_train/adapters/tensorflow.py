@@ -163,13 +163,12 @@ class TensorFlowAdapter(Adapter):
         with tf.control_dependencies([*gradients, control]):
             computed = tf.timestamp()
         if self.world_size > 1:  # alone, there is nothing to exchange
-            # Two collectives with no order between them: Horovod negotiates them in the same
-            # cycle. The control values travel uncompressed, at full precision.
+            # One grouped allreduce, so one negotiation: the gradients (compressed, if asked)
+            # and the control values, which travel uncompressed, at full precision.
             with tf.control_dependencies([computed]):
-                control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
-                gradients = hvd.grouped_allreduce(
-                    gradients, op=hvd.Average, compression=self.compression
-                )
+                sent, contexts = zip(*map(self.compression.compress, gradients), strict=True)
+                *averages, control = hvd.grouped_allreduce([*sent, control], op=hvd.Average)
+                gradients = list(map(self.compression.decompress, averages, contexts))
         with tf.control_dependencies([*gradients, control]):
             synced = tf.timestamp()
         norm = tf.linalg.global_norm(gradients)
