@@ -33,7 +33,6 @@ from hvd_train.recipe import Data
 
 ALLREDUCE_REPEATS = 20
 PROJECTED_HOSTS = (2, 4, 8, 16, 32, 64)
-BACKWARD_SHARE = 2 / 3  # of T_comp: the pass that gradients travel during
 
 
 @dataclass(frozen=True)
@@ -114,13 +113,11 @@ def projected_efficiency(figures: dict[str, Any], hosts: int, gbit_per_s: float)
     A ring allreduce makes every rank send (and receive) 2(N-1)/N of the gradients' bytes. The
     step measured here already holds everything else the exchange costs (negotiation, the
     fusion buffer, waiting for the slowest rank) over a link that is next to free (loopback or
-    a bridge). Gradients travel as the backward pass makes them, so the bytes' time on the link
-    hides behind the rest of that pass: taken as two thirds of T_comp (a backward pass costs
-    about twice the forward). What it cannot hide lengthens the step, set against the step
+    a bridge). Both adapters exchange the gradients after the step's backward passes, so
+    nothing hides the bytes' time on the link: it lengthens the step, set against the step
     without any exchange. Links' latency is left out: it is microseconds against milliseconds."""
     wire_ms = 2 * (hosts - 1) / hosts * figures["gradient_mb"] * 8 / gbit_per_s
-    exposed_ms = max(0.0, wire_ms - BACKWARD_SHARE * figures["t_comp_ms"])
-    return figures["local_step_ms"] / (figures["step_ms"] + exposed_ms)
+    return figures["local_step_ms"] / (figures["step_ms"] + wire_ms)
 
 
 def projection(figures: dict[str, Any], links: list[float]) -> dict[str, dict[str, float]]:
