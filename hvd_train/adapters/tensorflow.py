@@ -163,12 +163,18 @@ class TensorFlowAdapter(Adapter):
         with tf.control_dependencies([*gradients, control]):
             computed = tf.timestamp()
         if self.world_size > 1:  # alone, there is nothing to exchange
-            # One grouped allreduce, so one negotiation: the gradients (compressed, if asked)
-            # and the control values, which travel uncompressed, at full precision.
+            # One grouped allreduce of the gradients and the control values: one negotiation.
+            # Its op takes one dtype, so under fp16 compression the control values, which
+            # travel at full precision, take an allreduce of their own.
             with tf.control_dependencies([computed]):
-                sent, contexts = zip(*map(self.compression.compress, gradients), strict=True)
-                *averages, control = hvd.grouped_allreduce([*sent, control], op=hvd.Average)
-                gradients = list(map(self.compression.decompress, averages, contexts))
+                if self.compression is hvd.Compression.none:
+                    *gradients, control = hvd.grouped_allreduce([*gradients, control],
+                                                                op=hvd.Average)  # fmt: skip
+                else:
+                    control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
+                    gradients = hvd.grouped_allreduce(
+                        gradients, op=hvd.Average, compression=self.compression
+                    )
         with tf.control_dependencies([*gradients, control]):
             synced = tf.timestamp()
         norm = tf.linalg.global_norm(gradients)
