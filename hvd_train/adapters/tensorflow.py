@@ -166,7 +166,7 @@ class TensorFlowAdapter(Adapter):
             # One grouped allreduce of the gradients and the control values: one negotiation.
             # Its op takes one dtype, so under fp16 compression the control values, which
             # travel at full precision, take an allreduce of their own.
-            with tf.control_dependencies([computed]):
+            with tf.control_dependencies([computed]), tf.name_scope("hvd_train.step"):
                 if self.compression is hvd.Compression.none:
                     *gradients, control = hvd.grouped_allreduce([*gradients, control],
                                                                 op=hvd.Average)  # fmt: skip
