@@ -190,8 +190,8 @@ class TorchAdapter(Adapter):
             F.cross_entropy if recipe.loss == "cross_entropy" else recipe.loss  # type: ignore[assignment]
         )
         self.clip_norm = recipe.optimizer.gradient_clip_norm
-        self.compressed = recipe.horovod.fp16_compression
-        self.compression = hvd.Compression.fp16 if self.compressed else hvd.Compression.none
+        fp16 = recipe.horovod.fp16_compression
+        self.compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
         self.optimizer = _optimizer(recipe.optimizer, [p for _, p in self.net.trainable()])
 
     def broadcast_state(self, include_optimizer: bool) -> None:
@@ -281,7 +281,7 @@ class TorchAdapter(Adapter):
         self.optimizer.zero_grad()
 
     def gradient_allreduce(self) -> Callable[[], Any]:
-        dtype = torch.float16 if self.compressed else torch.float32
+        dtype = torch.float16 if self.compression is hvd.Compression.fp16 else torch.float32
         tensors = [torch.zeros(p.shape, dtype=dtype) for _, p in self.net.trainable()]
         return lambda: hvd.grouped_allreduce(tensors, op=hvd.Average, name="hvd_train.bench")
 
