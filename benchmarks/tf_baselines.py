@@ -1,6 +1,8 @@
 """The same model under TensorFlow with Keras 3, trained two other ways:
 
     python tf_baselines.py plain RECIPE STEPS         one process, a compiled tf.function loop
+    python tf_baselines.py alternate RECIPE STEPS     that loop and hvd_train's step taking
+                                                      turns in one process
     python tf_baselines.py mwms RECIPE STEPS          one worker of MultiWorkerMirroredStrategy;
                                                       TF_CONFIG names the cluster and this worker
 
@@ -20,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import tensorflow as tf
 
-from benchmarks.common import measure, report, setup
+from benchmarks.common import alternate, measure, report, setup
 from hvd_train.adapters.keras_models import build_layers
 
 WARMUP = 10
@@ -32,7 +34,7 @@ def loss_of(labels, logits):
     )
 
 
-def plain(recipe, train, steps: int) -> float:
+def plain_step(recipe):
     model = build_layers(recipe.layers, recipe.data.input_shape)
     optimizer = keras.optimizers.Adam(1e-3)
 
@@ -43,7 +45,11 @@ def plain(recipe, train, steps: int) -> float:
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
 
-    return measure(step, train, 0, 1, steps, WARMUP)
+    return step
+
+
+def plain(recipe, train, steps: int) -> float:
+    return measure(plain_step(recipe), train, 0, 1, steps, WARMUP)
 
 
 def mwms(recipe, train, steps: int) -> float:
@@ -80,8 +86,16 @@ if __name__ == "__main__":
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     recipe, train = setup(recipe_name)
-    images_per_second = {"plain": plain, "mwms": mwms}[mode](recipe, train, steps)
-    if rank == 0:
-        name = {"plain": "TensorFlow, plain tf.function loop",
-                "mwms": "TensorFlow MultiWorkerMirroredStrategy (custom loop)"}[mode]  # fmt: skip
-        report(name, processes, threads, images_per_second)
+    if mode == "alternate":
+        hvd_train, plain_loop = alternate("tensorflow", recipe, plain_step(recipe), train, steps,
+                                          WARMUP)  # fmt: skip
+        report("hvd_train tensorflow and a plain tf.function loop, taking turns", processes,
+               threads, hvd_train, plain_images_per_second=plain_loop)  # fmt: skip
+    else:
+        images_per_second = {"plain": plain, "mwms": mwms}[mode](recipe, train, steps)
+        if rank == 0:
+            name = {
+                "plain": "TensorFlow, plain tf.function loop",
+                "mwms": "TensorFlow MultiWorkerMirroredStrategy (custom loop)",
+            }[mode]
+            report(name, processes, threads, images_per_second)

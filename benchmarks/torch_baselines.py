@@ -1,6 +1,8 @@
 """The same model under PyTorch, trained three other ways:
 
     python torch_baselines.py plain RECIPE STEPS                 one process, no Horovod
+    python torch_baselines.py alternate RECIPE STEPS             that loop and hvd_train's step
+                                                                 taking turns in one process
     horovodrun -np 2 python torch_baselines.py horovod ...       a hand-written Horovod loop
     torchrun --nproc-per-node 2 torch_baselines.py ddp ...       torch's DistributedDataParallel
 
@@ -15,7 +17,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import measure, report, setup
+from benchmarks.common import alternate, measure, report, setup
 from hvd_train.adapters.torch_layers import build_layers
 
 WARMUP = 10
@@ -30,7 +32,7 @@ def tensors(x, y):
     return torch.from_numpy(x).permute(0, 3, 1, 2), torch.from_numpy(y)
 
 
-def plain(recipe, train, steps: int) -> float:
+def plain_step(recipe):
     model, optimizer = model_and_optimizer(recipe)
 
     def step(x, y):
@@ -39,7 +41,11 @@ def plain(recipe, train, steps: int) -> float:
         F.cross_entropy(model(inputs), labels).backward()
         optimizer.step()
 
-    return measure(step, train, 0, 1, steps, WARMUP)
+    return step
+
+
+def plain(recipe, train, steps: int) -> float:
+    return measure(plain_step(recipe), train, 0, 1, steps, WARMUP)
 
 
 def horovod(recipe, train, steps: int) -> float:
@@ -91,8 +97,14 @@ if __name__ == "__main__":
     threads = int(os.environ.get("THREADS") or max(1, len(os.sched_getaffinity(0)) // processes))
     torch.set_num_threads(threads)
     recipe, train = setup(recipe_name)
-    images_per_second = {"plain": plain, "horovod": horovod, "ddp": ddp}[mode](recipe, train, steps)
-    if rank == 0:
-        name = {"plain": "torch, plain loop", "horovod": "torch, hand-written Horovod loop",
-                "ddp": "torch DDP (Gloo, torchrun)"}[mode]  # fmt: skip
-        report(name, processes, threads, images_per_second)
+    if mode == "alternate":
+        hvd_train, plain_loop = alternate("torch", recipe, plain_step(recipe), train, steps, WARMUP)
+        report("hvd_train torch and a plain loop, taking turns", processes, threads, hvd_train,
+               plain_images_per_second=plain_loop)  # fmt: skip
+    else:
+        run = {"plain": plain, "horovod": horovod, "ddp": ddp}[mode]
+        images_per_second = run(recipe, train, steps)
+        if rank == 0:
+            name = {"plain": "torch, plain loop", "horovod": "torch, hand-written Horovod loop",
+                    "ddp": "torch DDP (Gloo, torchrun)"}[mode]  # fmt: skip
+            report(name, processes, threads, images_per_second)
