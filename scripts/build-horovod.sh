@@ -69,7 +69,7 @@ if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
         || die "could not download the horovod $HOROVOD_VERSION sdist from the package index"
     tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"
-    say "patching: C++17, no XLA ops, newer compilers, Gloo's interface, horovodrun, idle waits (see the README)"
+    say "patching: C++17, no XLA ops, newer compilers, Gloo's interface, horovodrun, idle waits, two-rank exchanges (see the README)"
     patch --quiet -p1 -d "$src" < "$patch_file" || die "$patch_file does not apply to the sdist"
     say "compiling with ${build_env[*]}"
     env "${build_env[@]}" MAKEFLAGS="-j$(nproc)" \
