@@ -49,8 +49,9 @@ def forwarding_rule(bridge: str) -> list[str] | None:
 
 
 def remove_leftovers() -> None:
-    """What an earlier run killed before its clean-up left: its namespaces, their hosts files,
-    its bridge and its iptables rules."""
+    """What an earlier run killed before its clean-up left: its namespaces and the sshd in
+    each (which would keep a deleted namespace alive), their hosts files, its bridge and its
+    iptables rules."""
     if shutil.which("iptables"):
         listed = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True)
         for rule in listed.stdout.splitlines():
@@ -62,7 +63,12 @@ def remove_leftovers() -> None:
         ["ip", "netns", "list"], capture_output=True, text=True
     ).stdout.splitlines():
         if line.startswith("hvdtns"):
-            subprocess.run(["ip", "netns", "del", line.split()[0]], capture_output=True)
+            namespace = line.split()[0]
+            pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
+                                  text=True).stdout.split()  # fmt: skip
+            if pids:
+                subprocess.run(["kill", *pids], capture_output=True)
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
     links = subprocess.run(
         ["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True
     )
