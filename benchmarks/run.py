@@ -26,6 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from hvd_train.adapters import TENSORFLOW_ENVIRONMENT
+
 PYTHON = sys.executable
 BIN = Path(PYTHON).parent
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +55,10 @@ def results(outputs: list[str]) -> list[dict[str, Any]]:
 
 def run_all(commands: list[tuple[list[str], dict[str, str]]]) -> list[dict[str, Any]]:
     """Starts the commands at once (one system's processes), waits, and returns their results."""
-    environment = os.environ | {"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    # Every system gets hvd_train's TensorFlow settings (where the environment gives none): the
+    # same kernels, so the ratios compare how each trains.
+    environment = {**TENSORFLOW_ENVIRONMENT, **os.environ}
+    environment |= {"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
     jobs = [subprocess.Popen(command, env=environment | extra, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, cwd=ROOT)
             for command, extra in commands]  # fmt: skip

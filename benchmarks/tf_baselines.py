@@ -8,7 +8,8 @@
 
 MultiWorkerMirroredStrategy trains with a custom loop (`strategy.run`): `model.fit` under it
 fails on TensorFlow 2.21 with Keras 3 ("Attempt to convert a value (PerReplica...)").
-Threads: $THREADS per process (intra-op and inter-op pools).
+Threads: $THREADS per process (intra-op and inter-op pools). benchmarks.run gives every system
+hvd_train's TensorFlow environment (oneDNN's kernels on), so they differ only in how they train.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hvd_train import __version__
-from hvd_train.adapters import Adapter, create_adapter, use_keras_backend
+from hvd_train.adapters import Adapter, create_adapter, use_framework
 from hvd_train.checkpoint import Checkpoint, checkpoints, remove_partial
 from hvd_train.data import Splits, load_data
 from hvd_train.errors import UsageError
@@ -72,7 +72,7 @@ def train(
     if resume:
         framework = framework or saved_framework(Path(str(output_dir)))
     framework = framework or DEFAULT_FRAMEWORK
-    use_keras_backend(framework)  # before any Python recipe (a new one, or a checkpoint's) loads
+    use_framework(framework)  # before any Python recipe (a new one, or a checkpoint's) loads
     if not resume:  # a new run's mistakes show before Horovod starts
         recipe = with_overrides(resolve_recipe(recipe or DEFAULT_RECIPE, framework), overrides)
         recipe.check_framework(framework)
@@ -131,7 +131,7 @@ def resumed_recipe(
 
 def resolve_recipe(recipe: str | Recipe, framework: str) -> Recipe:
     """The recipe object; a reference is loaded with Keras set to run on `framework`."""
-    use_keras_backend(framework)
+    use_framework(framework)
     return load_recipe(recipe) if isinstance(recipe, str) else recipe
 
 

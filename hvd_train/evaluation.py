@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.adapters import Adapter, create_adapter, use_keras_backend
+from hvd_train.adapters import Adapter, create_adapter
 from hvd_train.checkpoint import (
     Checkpoint,
     check_layout,
@@ -51,7 +51,6 @@ def evaluate_checkpoint(
 ) -> dict[str, Any] | None:
     """Loads a checkpoint into `framework` and evaluates it; the result on rank 0, None on the
     other ranks. Neutral checkpoints load under either framework."""
-    use_keras_backend(framework)
     adapter = create_adapter(framework)
     adapter.init()
     # Only rank 0 need see the file (hosts may not share a disk); it sends the rest the contents.

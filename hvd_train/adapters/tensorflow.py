@@ -9,11 +9,7 @@ broadcasts act on the `tf.Variable`s under the Keras variables.
 
 from __future__ import annotations
 
-import os
 import time
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads: fewer runtime logs
-
 from collections.abc import Callable
 from typing import Any
 

@@ -1,9 +1,10 @@
 """How many threads a rank takes: its share of the cores it may use, a cgroup quota included;
-and the Horovod settings hvd_train applies."""
+and the Horovod and TensorFlow settings hvd_train applies."""
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from hvd_train.adapters.base import available_cores, cgroup_cpu_quota
 from tests.conftest import FRAMEWORKS
 
 CORES = len(os.sched_getaffinity(0))
+KERAS_RECIPE = Path(__file__).parents[2] / "recipes" / "examples" / "mnist_resnet_keras.py"
 
 
 @pytest.mark.parametrize(
@@ -48,6 +50,30 @@ def test_horovod_cycles_every_3_ms_unless_the_environment_says(framework, given,
     environment = {k: v for k, v in os.environ.items() if k != "HOROVOD_CYCLE_TIME"}
     if given:
         environment["HOROVOD_CYCLE_TIME"] = given
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            env=environment, timeout=300, check=True)  # fmt: skip
+    assert result.stdout.split()[-1] == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [(None, "True"), ("0", "False")], ids=["default", "turned-off"]
+)
+@pytest.mark.parametrize(
+    "first", ["create_adapter('tensorflow')", "resolve_recipe(KERAS_RECIPE, 'tensorflow')"],
+    ids=["adapter", "keras-recipe"],
+)  # fmt: skip
+def test_tensorflow_runs_onednn_kernels_unless_the_environment_says(first, given, expected):
+    # TensorFlow reads the variable once, as it loads, so hvd_train sets it before: before the
+    # adapter imports TensorFlow, and before a Python recipe importing Keras loads.
+    probe = ("from hvd_train.adapters import create_adapter; "
+             "from hvd_train.api import resolve_recipe; "
+             f"KERAS_RECIPE = {str(KERAS_RECIPE)!r}; "
+             f"{first}; "
+             "from tensorflow.python.util import _pywrap_util_port; "
+             "print(_pywrap_util_port.IsMklEnabled())")  # fmt: skip
+    environment = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    if given:
+        environment["TF_ENABLE_ONEDNN_OPTS"] = given
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             env=environment, timeout=300, check=True)  # fmt: skip
     assert result.stdout.split()[-1] == expected

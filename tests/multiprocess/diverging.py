@@ -1,8 +1,10 @@
 """Python recipes that go wrong at step 13 of every rank, for the tests of non-finite numbers.
 
 `recipe`: a Keras model (both frameworks) whose training inputs turn to NaN at the 13th batch a
-rank asks for, so the loss becomes NaN. `nan_gradients` (torch): the loss stays finite from
-step 13 on, but its gradients are NaN.
+rank asks for, so the loss becomes NaN. Its hidden layer is tanh, not relu: TensorFlow's oneDNN
+kernels fuse a dense layer with its relu, and the fused relu turns NaN into 0 (the loss stays
+finite there, and only the gradients show the NaN). `nan_gradients` (torch): the loss stays
+finite from step 13 on, but its gradients are NaN.
 """
 
 import numpy as np
@@ -50,7 +52,7 @@ def keras_mlp():
 
     layers = keras.layers
     return keras.Sequential(
-        [keras.Input((12, 12, 1)), layers.Flatten(), layers.Dense(32, "relu"), layers.Dense(4)]
+        [keras.Input((12, 12, 1)), layers.Flatten(), layers.Dense(32, "tanh"), layers.Dense(4)]
     )
 
 

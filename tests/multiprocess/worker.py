@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_train.adapters import create_adapter, use_keras_backend
+from hvd_train.adapters import create_adapter, use_framework
 from hvd_train.data import load_data, take
 from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.models import build_model
@@ -21,7 +21,7 @@ from hvd_train.recipe import load_recipe
 framework, reference, data_dir, out_dir, steps = sys.argv[1:6]
 overrides = dict(item.split("=", 1) for item in sys.argv[6:])
 out = Path(out_dir)
-use_keras_backend(framework)
+use_framework(framework)
 layout = load_recipe(reference)  # how two ranks would split the data
 recipe = layout.with_overrides({key: json.loads(value) for key, value in overrides.items()})
 adapter = create_adapter(framework)
