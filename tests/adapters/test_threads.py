@@ -47,12 +47,7 @@ def test_horovod_cycles_every_3_ms_unless_the_environment_says(framework, given,
     probe = ("import os; from hvd_train.adapters import create_adapter; "
              f"create_adapter({framework!r}).init(); "
              "print(os.environ['HOROVOD_CYCLE_TIME'])")  # fmt: skip
-    environment = {k: v for k, v in os.environ.items() if k != "HOROVOD_CYCLE_TIME"}
-    if given:
-        environment["HOROVOD_CYCLE_TIME"] = given
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            env=environment, timeout=300, check=True)  # fmt: skip
-    assert result.stdout.split()[-1] == expected
+    assert probe_output(probe, "HOROVOD_CYCLE_TIME", given) == expected
 
 
 @pytest.mark.parametrize(
@@ -71,9 +66,15 @@ def test_tensorflow_runs_onednn_kernels_unless_the_environment_says(first, given
              f"{first}; "
              "from tensorflow.python.util import _pywrap_util_port; "
              "print(_pywrap_util_port.IsMklEnabled())")  # fmt: skip
-    environment = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    assert probe_output(probe, "TF_ENABLE_ONEDNN_OPTS", given) == expected
+
+
+def probe_output(probe: str, variable: str, given: str | None) -> str:
+    """The last word `python -c probe` prints, run with `variable` set to `given` (unset if
+    None) and the rest of the environment as it is."""
+    environment = {k: v for k, v in os.environ.items() if k != variable}
     if given:
-        environment["TF_ENABLE_ONEDNN_OPTS"] = given
+        environment[variable] = given
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             env=environment, timeout=300, check=True)  # fmt: skip
-    assert result.stdout.split()[-1] == expected
+    return result.stdout.split()[-1]
