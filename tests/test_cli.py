@@ -322,6 +322,22 @@ def test_a_torch_only_recipe_under_tensorflow_is_refused(tmp_path):
     )  # fmt: skip
 
 
+@pytest.mark.tensorflow
+def test_a_loss_branching_on_a_tensor_under_tensorflow_is_one_line(tmp_path):
+    path = tmp_path / "branching.py"
+    path.write_text(
+        "import keras\nfrom hvd_train import Data, Layer, Recipe\n"
+        "def loss(logits, labels):\n"
+        "    value = keras.ops.mean(keras.ops.sparse_categorical_crossentropy(labels, logits, "
+        "from_logits=True))\n"
+        "    return value if value < 100 else value / 100\n"
+        "recipe = Recipe(data=Data('synthetic'), layers=[Layer('flatten'), "
+        "Layer('dense', {'units': 10}), Layer('softmax')], loss=loss)\n"
+    )  # fmt: skip
+    result = run("--framework", "tensorflow", "--recipe", str(path), "--limit-steps", "1")
+    assert_usage_error(result, "the model or the loss uses a tensor as a Python bool")
+
+
 def test_show_recipe_prints_the_effective_recipe(tmp_path):
     result = run("show-recipe", "--recipe", "mnist_bn", "--set", "optimizer.momentum=0.5",
                  "--epochs", "7", "--set", "horovod.fp16_compression=true")  # fmt: skip

@@ -27,6 +27,7 @@ from hvd_train.adapters.base import (
     StepResult,
     model_type_error,
 )
+from hvd_train.errors import UsageError
 from hvd_train.layers import Layer, Shape
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.settings import Optimizer
@@ -36,6 +37,34 @@ def cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(
         keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     )
+
+
+class Compiled:
+    """`function` as one TensorFlow graph for every batch size: its first call traces it with
+    the batch dimension of its first `batch_arguments` arguments left open, so that an epoch's
+    last, smaller batch does not trace it again. Traced without AutoGraph, as Keras 3 traces
+    its own train step: nothing here branches on a tensor, and AutoGraph's rewrite of Horovod's
+    `grouped_allreduce` took most of the first step's time (README, Performance)."""
+
+    def __init__(self, function: Callable[..., Any], batch_arguments: int) -> None:
+        self.graph = tf.function(function, reduce_retracing=True, autograph=False)
+        self.batch_arguments = batch_arguments
+        self.traced = False
+
+    def __call__(self, *arguments: Any) -> Any:
+        if not self.traced:
+            batch = arguments[: self.batch_arguments]
+            specs = [tf.TensorSpec([None, *np.shape(a)[1:]], tf.as_dtype(a.dtype)) for a in batch]
+            try:
+                self.graph.get_concrete_function(*specs, *arguments[self.batch_arguments :])
+            except tf.errors.OperatorNotAllowedInGraphError as error:
+                raise UsageError(
+                    "the model or the loss uses a tensor as a Python bool (if, while, and, or), "
+                    "which a graph traced without AutoGraph cannot hold (as in Keras 3's fit); "
+                    "branch with keras.ops.cond or tf.cond (--debug shows where)"
+                ) from error
+            self.traced = True
+        return self.graph(*arguments)
 
 
 def _optimizer(config: Optimizer) -> keras.optimizers.Optimizer:
@@ -95,12 +124,10 @@ class TensorFlowAdapter(Adapter):
             if self.passes_per_step > 1
         ]
         self.seed_states = keras_models.seed_states(model)
-        self._compiled_accumulate = tf.function(self._accumulate, reduce_retracing=True)
-        self._compiled_apply = tf.function(self._apply, reduce_retracing=True)
-        self._compiled_local = tf.function(self._local, reduce_retracing=True)
-        self._compiled_logits = tf.function(
-            lambda x: self.model(x, training=False), reduce_retracing=True
-        )
+        self._compiled_accumulate = Compiled(self._accumulate, batch_arguments=2)
+        self._compiled_apply = Compiled(self._apply, batch_arguments=2)
+        self._compiled_local = Compiled(self._local, batch_arguments=2)
+        self._compiled_logits = Compiled(lambda x: self.model(x, training=False), batch_arguments=1)
 
     def broadcast_state(self, include_optimizer: bool) -> None:
         # Keras 3 variables wrap tf.Variables; Horovod can only assign to the latter. Fresh
@@ -195,7 +222,8 @@ class TensorFlowAdapter(Adapter):
         dtype = tf.float16 if self.compression is hvd.Compression.fp16 else tf.float32
         tensors = [tf.zeros(v.shape, dtype) for v in self.model.trainable_variables]
         # The tensors as arguments: Horovod names its graph ops after their inputs.
-        reduce = tf.function(lambda parts: hvd.grouped_allreduce(parts, op=hvd.Average))
+        reduce = tf.function(lambda parts: hvd.grouped_allreduce(parts, op=hvd.Average),
+                             autograph=False)  # fmt: skip
         return lambda: reduce(tensors)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
