@@ -4,7 +4,8 @@
 #
 # Why a patched sdist: 0.28.1 (June 2023) is Horovod's last release. It asks for C++14, which
 # torch >= 2.1 refuses, and compiles XLA ops whose headers TensorFlow 2.21's wheel does not
-# ship. horovod-0.28.1.patch beside this script fixes both (see the README).
+# ship. horovod-0.28.1.patch beside this script fixes both, and makes the other changes the
+# README lists under "What set-up does, and why".
 #
 # Parts: Gloo always; PyTorch and TensorFlow where installed (at least one); MPI when mpicxx is
 # on PATH; NCCL when nvcc is.
@@ -69,7 +70,7 @@ if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
         || die "could not download the horovod $HOROVOD_VERSION sdist from the package index"
     tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"
-    say "patching: C++17, no XLA ops, newer compilers, Gloo's interface, horovodrun, idle waits, two-rank exchanges (see the README)"
+    say "patching: C++17, no XLA ops, newer compilers, Gloo's interface, horovodrun, idle waits, two-rank exchanges, float16 sums (see the README)"
     patch --quiet -p1 -d "$src" < "$patch_file" || die "$patch_file does not apply to the sdist"
     say "compiling with ${build_env[*]}"
     env "${build_env[@]}" MAKEFLAGS="-j$(nproc)" \

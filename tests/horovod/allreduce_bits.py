@@ -1,0 +1,215 @@
+"""Runs inside each rank under `horovodrun -np N` and allreduces, through the patched Horovod's
+binding for FRAMEWORK, every dtype that binding reduces with every reduction it offers: one
+tensor at a time (single), as 20 tensors that Horovod fuses into one buffer (fused), and as one
+group (grouped). Every result is allgathered as raw bytes, so rank 0 sees what each rank got.
+
+usage: allreduce_bits.py FRAMEWORK OUT.json
+Rank 0 writes one record per case: whether all ranks got the same bytes, and whether those
+equal the exact answer, where the answer is exact (see `exact_reference`); null where not.
+
+Rank r draws its data from a generator seeded with r, so every rank can rebuild every rank's
+input and the reference needs no communication.
+"""
+
+import json
+import sys
+import warnings
+from typing import ClassVar
+
+import numpy as np
+
+SUM, AVERAGE, MIN, MAX = "sum", "average", "min", "max"
+# name: (op, prescale_factor, postscale_factor). Factors of 1/4 and 3 keep small sums exact in
+# every float dtype; 0.1 rounds, so its cases check only that the ranks agree.
+REDUCTIONS = {
+    "sum": (SUM, 1.0, 1.0),
+    "average": (AVERAGE, 1.0, 1.0),
+    "prescale": (SUM, 0.25, 1.0),
+    "postscale": (SUM, 1.0, 3.0),
+    "rounding-scale": (SUM, 0.1, 1.0),
+    "min": (MIN, 1.0, 1.0),
+    "max": (MAX, 1.0, 1.0),
+}
+PIECES = 20  # tensors per fused or grouped case
+
+
+class Torch:
+    """horovod.torch: it allreduces int32, int64, float16, float32 and float64."""
+
+    dtypes: ClassVar = [np.int32, np.int64, np.float16, np.float32, np.float64]
+
+    def __init__(self) -> None:
+        import horovod.torch as hvd
+        import torch
+
+        self.hvd, self.torch = hvd, torch
+        self.ops = {SUM: hvd.Sum, AVERAGE: hvd.Average, MIN: hvd.Min, MAX: hvd.Max}
+
+    def allreduce(self, pieces: list[np.ndarray], mode: str, reduction: str, name: str):
+        hvd, torch = self.hvd, self.torch
+        op, prescale, postscale = REDUCTIONS[reduction]
+        options = {"op": self.ops[op], "prescale_factor": prescale, "postscale_factor": postscale}
+        tensors = [torch.from_numpy(piece) for piece in pieces]
+        if mode == "single":
+            results = [hvd.allreduce(tensors[0], name=name, **options)]
+        elif mode == "fused":
+            handles = [hvd.allreduce_async(tensor, name=f"{name}.{index}", **options)
+                       for index, tensor in enumerate(tensors)]  # fmt: skip
+            results = [hvd.synchronize(handle) for handle in handles]
+        else:
+            results = hvd.grouped_allreduce(tensors, name=name, **options)
+        return np.concatenate([result.numpy() for result in results])
+
+    def refuses_bfloat16(self) -> bool:
+        try:
+            self.hvd.allreduce(self.torch.zeros(4, dtype=self.torch.bfloat16), name="bfloat16")
+        except ValueError:
+            return True
+        return False
+
+    def allgather(self, row: np.ndarray) -> np.ndarray:
+        return self.hvd.allgather(self.torch.from_numpy(row[None])).numpy()
+
+
+class TensorFlow:
+    """horovod.tensorflow: it allreduces uint8, int8, int32, int64, float16, float32, float64."""
+
+    dtypes: ClassVar = [np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64]
+
+    def __init__(self) -> None:
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        self.hvd, self.tf = hvd, tf
+        self.ops = {SUM: hvd.Sum, AVERAGE: hvd.Average, MIN: hvd.Min, MAX: hvd.Max}
+
+    def allreduce(self, pieces: list[np.ndarray], mode: str, reduction: str, name: str):
+        hvd, tf = self.hvd, self.tf
+        op, prescale, postscale = REDUCTIONS[reduction]
+        options = {"op": self.ops[op], "prescale_factor": prescale, "postscale_factor": postscale}
+        tensors = [tf.constant(piece) for piece in pieces]
+        if mode == "single":
+            results = [hvd.allreduce(tensors[0], name=name, **options)]
+        elif mode == "fused":  # one graph: its 20 allreduces are enqueued together
+
+            @tf.function(autograph=False)
+            def fused(tensors):
+                return [hvd.allreduce(t, name=f"{name}.{index}", **options)
+                        for index, t in enumerate(tensors)]  # fmt: skip
+
+            results = fused(tensors)
+        else:
+            results = hvd.grouped_allreduce(tensors, name=name, **options)
+        return np.concatenate([result.numpy() for result in results])
+
+    def refuses_bfloat16(self) -> bool:
+        try:
+            self.hvd.allreduce(self.tf.zeros(4, self.tf.bfloat16), name="bfloat16")
+        except (TypeError, ValueError, self.tf.errors.InvalidArgumentError):
+            return True
+        return False
+
+    def allgather(self, row: np.ndarray) -> np.ndarray:
+        return self.hvd.allgather(self.tf.constant(row[None])).numpy()
+
+
+def rank_data(rank: int, size: int, dtype: type, kind: str, count: int) -> np.ndarray:
+    """Rank `rank`'s input. `small`: integers whose sums over `size` ranks fit the dtype;
+    `wide` (floats): normal numbers spread over many exponents (float16: a standard deviation
+    of 1e4, so that sums round and some overflow), whose sums round."""
+    rng = np.random.default_rng([rank, count])
+    if kind == "small":
+        high = min(100, np.iinfo(dtype).max // size) if np.dtype(dtype).kind in "iu" else 100
+        low = 0 if np.dtype(dtype).kind == "u" else -high
+        return rng.integers(low, high, count).astype(dtype)
+    scale = 1e4 if dtype == np.float16 else 10.0 ** rng.integers(-8, 8, count)
+    return (rng.standard_normal(count) * scale).astype(dtype)
+
+
+def exact_reference(inputs: list[np.ndarray], reduction: str) -> np.ndarray | None:
+    """The answer computed in float64 and rounded once to the dtype, where that is the only
+    right answer: where every step (scaling each input, reducing, scaling the result) is exact,
+    and for a plain sum of two floats, which IEEE arithmetic rounds once. None elsewhere (a sum
+    of three floats depends on the order of its two roundings). A step is exact if its float64
+    value survives a round trip through the dtype, or through float32 for float64 data, which
+    float64 cannot check itself (a rounded step, such as one scaled by 0.1, has all 53 bits)."""
+    dtype, size = inputs[0].dtype, len(inputs)
+    probe = np.float32 if dtype == np.float64 else dtype
+    op, prescale, postscale = REDUCTIONS[reduction]
+    if op == AVERAGE:
+        postscale /= size
+    values = [x.astype(np.float64) * prescale for x in inputs]
+    if op in (MIN, MAX):
+        reduced = (np.minimum if op == MIN else np.maximum).reduce(values)
+    else:
+        reduced = np.sum(values, axis=0)
+    result = reduced * postscale
+    steps = [*values, reduced, result]
+    if all(np.array_equal(s.astype(probe).astype(np.float64), s) for s in steps):
+        return result.astype(dtype)
+    rounded_once = size == 2 and dtype.kind == "f" and reduction == "sum"
+    return result.astype(dtype) if rounded_once else None
+
+
+def check(framework, case: str, inputs: list[np.ndarray], result: np.ndarray) -> dict:
+    """Whether every rank got `result`'s bytes, and whether they are the exact answer."""
+    rows = framework.allgather(np.ascontiguousarray(result).view(np.uint8))
+    record: dict = {"case": case, "agree": all(np.array_equal(row, rows[0]) for row in rows)}
+    if not record["agree"]:
+        elements = (rows != rows[0]).reshape(len(rows), -1, result.itemsize).any(axis=(0, 2))
+        record["differing_elements"] = int(elements.sum())
+    reference = exact_reference(inputs, case.split()[-2])
+    record["exact"] = None
+    if reference is not None:
+        nans = result.dtype.kind == "f"
+        record["exact"] = bool(np.array_equal(result, reference, equal_nan=nans))
+        if not record["exact"]:
+            wrong = int(np.flatnonzero(result != reference)[0])
+            record["first_wrong"] = [wrong, str(result[wrong]), str(reference[wrong])]
+    return record
+
+
+def run_case(framework, label: str, inputs: list[np.ndarray], reduction: str, mode: str) -> dict:
+    mine = inputs[framework.hvd.rank()]
+    pieces = [mine] if mode == "single" else np.array_split(mine, PIECES)
+    name = f"{label}.{reduction}.{mode}".replace(" ", "_")
+    result = framework.allreduce(pieces, mode, reduction, name)
+    return check(framework, f"{label} {reduction} {mode}", inputs, result)
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # float16 overflow to inf
+    framework = {"torch": Torch, "tensorflow": TensorFlow}[sys.argv[1]]()
+    hvd = framework.hvd
+    hvd.init()
+    size = hvd.size()
+    records = []
+    for dtype in framework.dtypes:
+        floating = np.dtype(dtype).kind == "f"
+        for kind in ["small", "wide"] if floating else ["small"]:
+            count = 200_000 if (dtype, kind) == (np.float16, "wide") else 1_001
+            inputs = [rank_data(rank, size, dtype, kind, count) for rank in range(size)]
+            label = f"{np.dtype(dtype).name} {kind}"
+            for reduction in REDUCTIONS:
+                for mode in ("single", "fused", "grouped"):
+                    records.append(run_case(framework, label, inputs, reduction, mode))
+    # The pairs found in review: rank 0 holds the first value, rank 1 the second, others 0.
+    for first, second in [(0.5, 14336.0), (-1.0, 48128.0)]:
+        inputs = [np.array([v], np.float16) for v in [first, second, *[0.0] * (size - 2)]]
+        label = f"float16 pair({first},{second})"
+        for reduction in ("sum", "max"):
+            records.append(run_case(framework, label, inputs, reduction, "single"))
+    # NaNs of either sign: whichever NaN comes out, every rank gets the same one.
+    nans = [np.array([np.nan], np.float32), -np.array([np.nan], np.float32)]
+    nans += [np.zeros(1, np.float32)] * (size - 2)
+    records.append(run_case(framework, "float32 nans", nans, "sum", "single"))
+    records.append({"case": "bfloat16 refused", "agree": framework.refuses_bfloat16(),
+                    "exact": None})  # fmt: skip
+    if hvd.rank() == 0:
+        with open(sys.argv[2], "w") as out:
+            json.dump(records, out, indent=1)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The patched Horovod's allreduce, under the real horovodrun: every rank gets the same bits for
+every dtype, reduction and way of enqueueing, and the exact answer wherever there is one
+(allreduce_bits.py says where). Gloo's two-rank exchange (np=2), its ring (np=3), and MPI."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.multiprocess.conftest import horovodrun
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+SCRIPT = str(Path(__file__).with_name("allreduce_bits.py"))
+# The float16 sums found to differ between the ranks of the two-rank exchange.
+REVIEWED = {
+    "float16 wide sum single",  # 200,000 values with a standard deviation of 1e4
+    "float16 pair(0.5,14336.0) sum single",
+    "float16 pair(-1.0,48128.0) sum single",
+}
+# Gloo's float16 max assigned through the same faulty comparison.
+MAXIMA = {"float16 wide max single", "float16 pair(0.5,14336.0) max single"}
+
+
+@pytest.mark.parametrize(
+    ("framework", "ranks", "controller"),
+    [
+        pytest.param("torch", 2, "--gloo", marks=pytest.mark.torch),
+        pytest.param("torch", 3, "--gloo", marks=pytest.mark.torch),
+        pytest.param("tensorflow", 2, "--gloo", marks=pytest.mark.tensorflow),
+        pytest.param("torch", 2, "--mpi", marks=pytest.mark.torch),
+    ],
+)
+def test_ranks_get_the_same_bits_and_the_exact_answer(framework, ranks, controller, tmp_path):
+    if controller == "--mpi" and shutil.which("mpirun") is None:
+        pytest.skip("Open MPI is not installed here (make setup installs it where it can)")
+    out = tmp_path / "records.json"
+    horovodrun(SCRIPT, framework, str(out), np=ranks, horovodrun_options=[controller])
+    records = json.loads(out.read_text())
+    assert [r for r in records if not r["agree"]] == []
+    assert [r for r in records if r["exact"] is False] == []
+    exact = {r["case"] for r in records if r["exact"]}
+    assert exact >= MAXIMA
+    if ranks == 2:
+        assert exact >= REVIEWED
+    # Every dtype's small integers are summed exactly, whichever way they were enqueued.
+    assert {f"{dtype} small sum {mode}" for dtype in ("int32", "float16", "float64")
+            for mode in ("single", "fused", "grouped")} <= exact  # fmt: skip

@@ -1,0 +1,51 @@
+"""The patched background loop under stress, each case a short job under the real horovodrun
+with a hard timeout; cycle_stress.py checks every result against the one-process answer."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.multiprocess.conftest import horovodrun
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(300)]
+
+SCRIPT = str(Path(__file__).with_name("cycle_stress.py"))
+GLOO_TIMEOUT = ["--gloo", "--gloo-timeout-seconds", "2"]  # the late rank sleeps 4 s
+
+
+def run(scenario: str, options: list[str]) -> dict:
+    result = horovodrun(SCRIPT, scenario, horovodrun_options=options, timeout=120)
+    match = re.search(rf"ok {scenario} (\{{.*\}})", result.stdout)
+    assert match, result.stdout + result.stderr
+    return json.loads(match.group(1))
+
+
+@pytest.mark.parametrize("scenario", ["alternating", "uneven-join", "restarts", "threads"])
+def test_scenario(scenario):
+    run(scenario, ["--gloo"])
+
+
+# The idle case (a rank with nothing to do) under each setting that changes how the loop runs:
+# the patch runs its event-driven wait only where none of them is given.
+SETTINGS = {
+    "default": [],
+    "no response cache": ["--cache-capacity", "0"],
+    "autotune": ["--autotune"],
+    "cycle time 0": ["--cycle-time-ms", "0"],
+}
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_a_rank_late_past_gloos_timeout_is_waited_for(setting):
+    measured = run("late-rank", GLOO_TIMEOUT + SETTINGS[setting])
+    assert measured["waited_s"] < 30
+
+
+def test_the_timeline_marks_cycles_while_a_rank_is_late(tmp_path):
+    timeline = tmp_path / "timeline.json"
+    options = ["--timeline-filename", str(timeline), "--timeline-mark-cycles"]
+    run("late-rank", GLOO_TIMEOUT + options)
+    text = timeline.read_text()
+    assert "CYCLE_START" in text and '"allreduce.late"' in text
