@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from hvd_train import __version__
 from hvd_train.adapters import ADAPTERS
-from hvd_train.errors import Stopped, UsageError
+from hvd_train.errors import ReplicasDiverged, Stopped, UsageError
 
 
 class Parser(argparse.ArgumentParser):
@@ -354,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Stopped as stop:  # rank 0 said where it stopped and how to resume
         return 128 + stop.signum
+    except ReplicasDiverged as error:
+        print(f"hvd-train: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
         print("hvd-train: interrupted", file=sys.stderr)
         return 130

@@ -1,4 +1,5 @@
-"""The one exception type for user mistakes; the CLI turns it into a one-line message."""
+"""The one exception type for user mistakes, and the two ends of a job that are not crashes; the
+CLI turns each into a one-line message."""
 
 
 class UsageError(Exception):
@@ -11,3 +12,8 @@ class Stopped(Exception):
     def __init__(self, signum: int, message: str) -> None:
         super().__init__(message)
         self.signum = signum
+
+
+class ReplicasDiverged(Exception):
+    """The ranks' replicas no longer hold the same weights: a bug, not a user's mistake, but one
+    that the message (naming the first differing tensor) describes better than a traceback."""

@@ -35,7 +35,7 @@ from hvd_train.checkpoint import (
 )
 from hvd_train.data import Splits, take
 from hvd_train.data.sharding import epoch_order, shard_steps
-from hvd_train.errors import Stopped, UsageError
+from hvd_train.errors import ReplicasDiverged, Stopped, UsageError
 from hvd_train.evaluation import evaluate
 from hvd_train.metrics import MetricsWriter, write_error
 from hvd_train.plot import plot_runs
@@ -280,18 +280,29 @@ class Trainer:
         self.elastic_state.commit()
 
     def check_replicas(self, epoch: int) -> None:
-        """Every rank must hold the same trained weights and optimizer state, bit for bit; a
-        difference means the replicas split (a bug), which would otherwise go unnoticed."""
-        digest = hashlib.sha256()
-        for name, array in sorted(self.adapter.trained_state().items()):
-            digest.update(name.encode() + np.ascontiguousarray(array).tobytes())
-        digests = self.adapter.allgather_object(digest.hexdigest())
-        if len(set(digests)) > 1:
-            ranks = [rank for rank, d in enumerate(digests) if d != digests[0]]
-            raise RuntimeError(
-                f"after epoch {epoch + 1}, ranks {ranks} hold other weights or optimizer state "
-                "than rank 0: the replicas split, and training cannot go on correctly; please "
-                "report this with the run's command"
+        """Every rank must hold the same trained weights and optimizer state, bit for bit. A
+        difference means the replicas diverged (a bug in hvd_train, Horovod or the model's
+        code), which would otherwise train on silently. Each rank hashes each tensor; the
+        hashes, not the tensors, are gathered."""
+        state = self.adapter.trained_state()
+        digests = [hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=8).digest()
+                   for array in state.values()]  # fmt: skip
+        everyone = self.adapter.allgather_object((list(state), digests))
+        names, ours = everyone[0]  # rank 0's
+        differing = [
+            (name, rank)
+            for index, name in enumerate(names)
+            for rank, (their_names, theirs) in enumerate(everyone)
+            if their_names != names or theirs[index] != ours[index]
+        ]
+        if differing:
+            name, rank = differing[0]
+            count = len({name for name, _ in differing})
+            raise ReplicasDiverged(
+                f"after epoch {epoch + 1}, rank {rank} holds another {name} than rank 0 ({count} "
+                f"of {len(names)} tensors differ): the replicas diverged, which is a bug, and "
+                "training stopped before saving this epoch; please report it with the run's "
+                "command"
             )
 
     def end_epoch(self, epoch: int, train_loss: float, started: float) -> None:

@@ -1,4 +1,5 @@
-"""Python recipes that go wrong at step 13 of every rank, for the tests of non-finite numbers.
+"""Python recipes that go wrong: at step 13 of every rank, for the tests of non-finite numbers,
+and on rank 1 alone (`split_replicas`), for the replica check.
 
 `recipe`: a Keras model (both frameworks) whose training inputs turn to NaN at the 13th batch a
 rank asks for, so the loss becomes NaN. Its hidden layer is tanh, not relu: TensorFlow's oneDNN
@@ -84,3 +85,33 @@ nan_gradients = Recipe(
     data=corner_squares, torch_model=torch_mlp, loss=loss_with_nan_gradients,
     schedule=Schedule(batch_size=32),
 )  # fmt: skip
+
+
+def keras_mlp_nudged_on_rank_one():
+    """keras_mlp after a layer that adds a trained offset to its inputs, and that also nudges
+    that offset at every training step behind Horovod's back: by 0 on rank 0, by 1e-3 on rank
+    1. (Both ranks run the same ops, so TensorFlow's graphs, whose op names name Horovod's
+    collectives, stay alike.)"""
+    import os
+
+    import keras
+
+    nudge = 1e-3 * int(os.environ.get("HOROVOD_RANK", "0"))
+
+    class Offset(keras.layers.Layer):
+        def build(self, input_shape):
+            self.offset = self.add_weight(shape=input_shape[-1:], initializer="zeros")
+
+        def call(self, x, training=False):
+            if training:
+                self.offset.assign_add(keras.ops.full(self.offset.shape, nudge))
+            return x + self.offset
+
+    layers = keras.layers
+    return keras.Sequential([keras.Input((12, 12, 1)), layers.Flatten(), Offset(),
+                             layers.Dense(32, "tanh"), layers.Dense(4)])  # fmt: skip
+
+
+split_replicas = Recipe(
+    data=corner_squares, keras_model=keras_mlp_nudged_on_rank_one, schedule=Schedule(batch_size=32)
+)

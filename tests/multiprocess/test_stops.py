@@ -127,6 +127,27 @@ def test_gradients_that_turn_nan_stop_every_rank_before_saving_them(tmp_path):
     assert len(assert_all_finite(run)) == 2
 
 
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_replicas_that_diverge_stop_the_job_naming_the_tensor(framework, tmp_path):
+    # Rank 1's model nudges one weight at every step behind Horovod's back: the check at the
+    # epoch's end must name it, before that epoch is saved.
+    run = tmp_path / "run"
+    result = run_to_failure("--recipe", f"{DIVERGING}:split_replicas", "--framework", framework,
+                            "--limit-steps", "20", "--checkpoint-every", "10",
+                            "--output-dir", str(run))  # fmt: skip
+    output = result.stdout + result.stderr
+    assert not re.search(r"^\[\d+\]<std\w+>:Traceback", output, re.MULTILINE), output
+    # Every rank finds the same; the first to exit may end the other before it says so.
+    lines = {line.split(":", 1)[1] for line in output.splitlines() if "hvd-train: error:" in line}
+    assert len(lines) == 1, output
+    assert re.search(
+        r"hvd-train: error: after epoch 1, rank 1 holds another weight\.\S+ than rank 0 "
+        r"\(\d+ of \d+ tensors differ\): the replicas diverged, which is a bug",
+        *lines,
+    ), lines
+    assert [path.name for path in checkpoints(run / "checkpoints")] == [checkpoint_name(0, 640)]
+
+
 def unshare_works() -> bool:
     if shutil.which("unshare") is None:
         return False
