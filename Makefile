@@ -18,7 +18,7 @@ endif
 
 setup: $(VENV)/.setup-done
 
-$(VENV)/.setup-done: pyproject.toml scripts/build-horovod.sh scripts/horovod-0.28.1.patch \
+$(VENV)/.setup-done: pyproject.toml scripts/build-horovod.sh $(wildcard scripts/horovod-0.28.1/*.patch) \
 		scripts/install-system-packages.sh
 	scripts/install-system-packages.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -4,8 +4,9 @@
 #
 # Why a patched sdist: 0.28.1 (June 2023) is Horovod's last release. It asks for C++14, which
 # torch >= 2.1 refuses, and compiles XLA ops whose headers TensorFlow 2.21's wheel does not
-# ship. horovod-0.28.1.patch beside this script fixes both, and makes the other changes the
-# README lists under "What set-up does, and why".
+# ship. The patch series in horovod-0.28.1/ beside this script fixes both and makes the other
+# changes the README lists under "What set-up does, and why": one file per change, applied in
+# the order of their names, each saying why and naming the upstream PR if there is one.
 #
 # Parts: Gloo always; PyTorch and TensorFlow where installed (at least one); MPI when mpicxx is
 # on PATH; NCCL when nvcc is.
@@ -14,7 +15,7 @@ set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-patch_file="$here/horovod-$HOROVOD_VERSION.patch"
+series=("$here/horovod-$HOROVOD_VERSION"/*.patch)
 python="${PYTHON:-python3}"
 cache="${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}"
 
@@ -57,7 +58,8 @@ if command -v nvcc >/dev/null && "$python" -c 'import sys, torch; sys.exit(not t
     build_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
     features+=-nccl
 fi
-patch_hash="$(sha256sum "$patch_file" | cut -c1-8)"
+[ -e "${series[0]}" ] || die "no patches in $here/horovod-$HOROVOD_VERSION/"
+patch_hash="$(cat "${series[@]}" | sha256sum | cut -c1-8)"
 key="horovod-$HOROVOD_VERSION-py$py_version-torch${torch_version:-none}-tf${tf_version:-none}-$features-$patch_hash"
 wheel_dir="$cache/wheels/$key"
 say "build key: $key"
@@ -70,8 +72,10 @@ if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
         || die "could not download the horovod $HOROVOD_VERSION sdist from the package index"
     tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"
-    say "patching: C++17, no XLA ops, newer compilers, Gloo's interface, horovodrun, idle waits, two-rank exchanges, float16 sums (see the README)"
-    patch --quiet -p1 -d "$src" < "$patch_file" || die "$patch_file does not apply to the sdist"
+    for change in "${series[@]}"; do
+        say "patching: $(head -n 1 "$change")"
+        patch --quiet -p1 -d "$src" < "$change" || die "$change does not apply to the sdist"
+    done
     say "compiling with ${build_env[*]}"
     env "${build_env[@]}" MAKEFLAGS="-j$(nproc)" \
         "$python" -m pip wheel --no-build-isolation --no-deps "$src" -w "$work/dist" > "$work/build.log" 2>&1 \
