@@ -1,4 +1,5 @@
-"""Command line: `hvd-train [train|eval|doctor] ...`, the same as `python -m hvd_train ...`."""
+"""Command line: `hvd-train [train|eval|doctor|show-recipe|plot|bench] ...`, the same as
+`python -m hvd_train ...`; `train` is the default command."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The framework-neutral training loop, shaped as pytorch/examples' DDP tutorial shapes it:
-`run_batch`, `run_epoch`, `save_snapshot` (and `load_snapshot`), `fit`.
+`run_step`, `run_epoch`, `save_snapshot` (and `load_snapshot`), `fit`.
 
 It talks to the framework only through an Adapter and to the data only through `Dataset`s.
 Rank 0 alone writes files and shows progress; every rank runs the same number of steps and

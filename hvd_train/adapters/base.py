@@ -27,10 +27,9 @@ T = TypeVar("T")
 # string (a failure on one rank only) would wait for each other for ever.
 OBJECT_COLLECTIVE = "hvd_train.object"
 # Horovod settings hvd_train applies where the environment gives none. A cycle of 3 ms instead of
-# Horovod's 1 ms: each cycle every rank joins a negotiation round, and on shared cores those
-# rounds take time from the computation. Measured with `hvd-train bench` at np=2 on 2 cores,
-# interleaved: torch 2066 -> 2615 images/s (best of 3; 3 ms won all 6 pairs run), TensorFlow
-# within noise (README, "Performance").
+# Horovod's 1 ms: where every cycle is a negotiation round of all ranks (MPI; Gloo while a tensor
+# waits for a slower rank), fewer rounds leave more of shared cores to the computation. How it
+# was measured: the README's "Performance".
 HOROVOD_DEFAULTS = {"HOROVOD_CYCLE_TIME": "3"}
 Arrays = dict[str, np.ndarray]
 Batch = tuple[np.ndarray, np.ndarray]  # inputs and int64 labels
@@ -190,9 +189,6 @@ class Adapter(ABC):
         if message is not None:
             raise UsageError(message)
         return result
-
-    def allreduce_mean(self, values: np.ndarray) -> np.ndarray:
-        return self.allreduce_sum(values) / self.world_size
 
     @staticmethod
     def apply_horovod_defaults() -> None:

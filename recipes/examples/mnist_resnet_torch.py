@@ -2,9 +2,9 @@
 
     horovodrun -np 2 python -m hvd_train --recipe recipes/examples/mnist_resnet_torch.py
 
-hvd_train hands the module images as torch's (N, C, H, W) and trains it with Horovod's
-DistributedOptimizer; everything else (sharding, checkpoints, resume, elastic, eval) is the
-same as for a TOML recipe. A torch module trains under --framework torch only.
+hvd_train hands the module images as torch's (N, C, H, W) and trains it, averaging the
+gradients over the ranks with Horovod; everything else (sharding, checkpoints, resume, elastic,
+eval) is the same as for a TOML recipe. A torch module trains under --framework torch only.
 """
 
 import torch
