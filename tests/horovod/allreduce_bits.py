@@ -33,84 +33,84 @@ REDUCTIONS = {
 PIECES = 20  # tensors per fused or grouped case
 
 
-class Torch:
-    """horovod.torch: it allreduces int32, int64, float16, float32 and float64."""
+class Binding:
+    """One framework's Horovod binding, as the checks use it: its own tensors, and its own way
+    of enqueueing several allreduces at once (`fused`)."""
 
+    dtypes: ClassVar[list[type]]  # what it allreduces
+    bfloat16_errors: tuple[type[Exception], ...]
+
+    def __init__(self, hvd) -> None:
+        self.hvd = hvd
+        self.ops = {SUM: hvd.Sum, AVERAGE: hvd.Average, MIN: hvd.Min, MAX: hvd.Max}
+
+    def allreduce(self, pieces: list[np.ndarray], mode: str, reduction: str, name: str):
+        op, prescale, postscale = REDUCTIONS[reduction]
+        options = {"op": self.ops[op], "prescale_factor": prescale, "postscale_factor": postscale}
+        tensors = [self.tensor(piece) for piece in pieces]
+        if mode == "single":
+            results = [self.hvd.allreduce(tensors[0], name=name, **options)]
+        elif mode == "fused":
+            results = self.fused(tensors, name, options)
+        else:
+            results = self.hvd.grouped_allreduce(tensors, name=name, **options)
+        return np.concatenate([result.numpy() for result in results])
+
+    def refuses_bfloat16(self) -> bool:
+        try:
+            self.hvd.allreduce(self.bfloat16_zeros(), name="bfloat16")
+        except self.bfloat16_errors:
+            return True
+        return False
+
+    def allgather(self, row: np.ndarray) -> np.ndarray:
+        return self.hvd.allgather(self.tensor(row[None])).numpy()
+
+
+class Torch(Binding):
     dtypes: ClassVar = [np.int32, np.int64, np.float16, np.float32, np.float64]
+    bfloat16_errors = (ValueError,)
 
     def __init__(self) -> None:
         import horovod.torch as hvd
         import torch
 
-        self.hvd, self.torch = hvd, torch
-        self.ops = {SUM: hvd.Sum, AVERAGE: hvd.Average, MIN: hvd.Min, MAX: hvd.Max}
+        super().__init__(hvd)
+        self.tensor, self.torch = torch.from_numpy, torch
 
-    def allreduce(self, pieces: list[np.ndarray], mode: str, reduction: str, name: str):
-        hvd, torch = self.hvd, self.torch
-        op, prescale, postscale = REDUCTIONS[reduction]
-        options = {"op": self.ops[op], "prescale_factor": prescale, "postscale_factor": postscale}
-        tensors = [torch.from_numpy(piece) for piece in pieces]
-        if mode == "single":
-            results = [hvd.allreduce(tensors[0], name=name, **options)]
-        elif mode == "fused":
-            handles = [hvd.allreduce_async(tensor, name=f"{name}.{index}", **options)
-                       for index, tensor in enumerate(tensors)]  # fmt: skip
-            results = [hvd.synchronize(handle) for handle in handles]
-        else:
-            results = hvd.grouped_allreduce(tensors, name=name, **options)
-        return np.concatenate([result.numpy() for result in results])
+    def fused(self, tensors: list, name: str, options: dict) -> list:
+        """Asynchronous handles, all enqueued before the first is waited for."""
+        handles = [self.hvd.allreduce_async(tensor, name=f"{name}.{index}", **options)
+                   for index, tensor in enumerate(tensors)]  # fmt: skip
+        return [self.hvd.synchronize(handle) for handle in handles]
 
-    def refuses_bfloat16(self) -> bool:
-        try:
-            self.hvd.allreduce(self.torch.zeros(4, dtype=self.torch.bfloat16), name="bfloat16")
-        except ValueError:
-            return True
-        return False
-
-    def allgather(self, row: np.ndarray) -> np.ndarray:
-        return self.hvd.allgather(self.torch.from_numpy(row[None])).numpy()
+    def bfloat16_zeros(self):
+        return self.torch.zeros(4, dtype=self.torch.bfloat16)
 
 
-class TensorFlow:
-    """horovod.tensorflow: it allreduces uint8, int8, int32, int64, float16, float32, float64."""
-
+class TensorFlow(Binding):
     dtypes: ClassVar = [np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64]
 
     def __init__(self) -> None:
         import horovod.tensorflow as hvd
         import tensorflow as tf
 
-        self.hvd, self.tf = hvd, tf
-        self.ops = {SUM: hvd.Sum, AVERAGE: hvd.Average, MIN: hvd.Min, MAX: hvd.Max}
+        super().__init__(hvd)
+        self.tensor, self.tf = tf.constant, tf
+        self.bfloat16_errors = (TypeError, ValueError, tf.errors.InvalidArgumentError)
 
-    def allreduce(self, pieces: list[np.ndarray], mode: str, reduction: str, name: str):
-        hvd, tf = self.hvd, self.tf
-        op, prescale, postscale = REDUCTIONS[reduction]
-        options = {"op": self.ops[op], "prescale_factor": prescale, "postscale_factor": postscale}
-        tensors = [tf.constant(piece) for piece in pieces]
-        if mode == "single":
-            results = [hvd.allreduce(tensors[0], name=name, **options)]
-        elif mode == "fused":  # one graph: its 20 allreduces are enqueued together
+    def fused(self, tensors: list, name: str, options: dict) -> list:
+        """One graph, whose allreduces TensorFlow enqueues together."""
 
-            @tf.function(autograph=False)
-            def fused(tensors):
-                return [hvd.allreduce(t, name=f"{name}.{index}", **options)
-                        for index, t in enumerate(tensors)]  # fmt: skip
+        @self.tf.function(autograph=False)
+        def fused(tensors):
+            return [self.hvd.allreduce(t, name=f"{name}.{index}", **options)
+                    for index, t in enumerate(tensors)]  # fmt: skip
 
-            results = fused(tensors)
-        else:
-            results = hvd.grouped_allreduce(tensors, name=name, **options)
-        return np.concatenate([result.numpy() for result in results])
+        return fused(tensors)
 
-    def refuses_bfloat16(self) -> bool:
-        try:
-            self.hvd.allreduce(self.tf.zeros(4, self.tf.bfloat16), name="bfloat16")
-        except (TypeError, ValueError, self.tf.errors.InvalidArgumentError):
-            return True
-        return False
-
-    def allgather(self, row: np.ndarray) -> np.ndarray:
-        return self.hvd.allgather(self.tf.constant(row[None])).numpy()
+    def bfloat16_zeros(self):
+        return self.tf.zeros(4, self.tf.bfloat16)
 
 
 def rank_data(rank: int, size: int, dtype: type, kind: str, count: int) -> np.ndarray:
