@@ -1,5 +1,5 @@
-"""The one exception type for user mistakes, and the two ends of a job that are not crashes; the
-CLI turns each into a one-line message."""
+"""The exceptions the CLI turns into a one-line message: the one type for user mistakes, a stop
+at a signal, and replicas that diverged."""
 
 
 class UsageError(Exception):

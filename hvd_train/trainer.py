@@ -297,7 +297,7 @@ class Trainer:
         ]
         if differing:
             name, rank = differing[0]
-            count = len({name for name, _ in differing})
+            count = len({tensor for tensor, _ in differing})
             raise ReplicasDiverged(
                 f"after epoch {epoch + 1}, rank {rank} holds another {name} than rank 0 ({count} "
                 f"of {len(names)} tensors differ): the replicas diverged, which is a bug, and "
