@@ -151,14 +151,14 @@ def exact_reference(inputs: list[np.ndarray], reduction: str) -> np.ndarray | No
     return result.astype(dtype) if rounded_once else None
 
 
-def check(framework, case: str, inputs: list[np.ndarray], result: np.ndarray) -> dict:
+def check(framework, case: str, inputs, reduction: str, result: np.ndarray) -> dict:
     """Whether every rank got `result`'s bytes, and whether they are the exact answer."""
     rows = framework.allgather(np.ascontiguousarray(result).view(np.uint8))
     record: dict = {"case": case, "agree": all(np.array_equal(row, rows[0]) for row in rows)}
     if not record["agree"]:
         elements = (rows != rows[0]).reshape(len(rows), -1, result.itemsize).any(axis=(0, 2))
         record["differing_elements"] = int(elements.sum())
-    reference = exact_reference(inputs, case.split()[-2])
+    reference = exact_reference(inputs, reduction)
     record["exact"] = None
     if reference is not None:
         nans = result.dtype.kind == "f"
@@ -174,7 +174,7 @@ def run_case(framework, label: str, inputs: list[np.ndarray], reduction: str, mo
     pieces = [mine] if mode == "single" else np.array_split(mine, PIECES)
     name = f"{label}.{reduction}.{mode}".replace(" ", "_")
     result = framework.allreduce(pieces, mode, reduction, name)
-    return check(framework, f"{label} {reduction} {mode}", inputs, result)
+    return check(framework, f"{label} {reduction} {mode}", inputs, reduction, result)
 
 
 def main() -> None:

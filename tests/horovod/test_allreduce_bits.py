@@ -36,7 +36,7 @@ def test_ranks_get_the_same_bits_and_the_exact_answer(framework, ranks, controll
     if controller == "--mpi" and shutil.which("mpirun") is None:
         pytest.skip("Open MPI is not installed here (make setup installs it where it can)")
     out = tmp_path / "records.json"
-    horovodrun(SCRIPT, framework, str(out), np=ranks, horovodrun_options=[controller])
+    horovodrun(SCRIPT, framework, str(out), ranks=ranks, horovodrun_options=[controller])
     records = json.loads(out.read_text())
     assert [r for r in records if not r["agree"]] == []
     assert [r for r in records if r["exact"] is False] == []

@@ -28,7 +28,8 @@ def test_scenario(scenario):
 
 
 # The idle case (a rank with nothing to do) under each setting that changes how the loop runs:
-# the patch runs its event-driven wait only where none of them is given.
+# autotuning turns the event-driven wait off; no response cache makes every cycle negotiate in
+# full; cycle time 0 starts a busy rank's next cycle at once.
 SETTINGS = {
     "default": [],
     "no response cache": ["--cache-capacity", "0"],

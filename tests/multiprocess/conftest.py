@@ -18,12 +18,12 @@ STEPS = 60  # per epoch and rank in the short runs: enough to learn, quick to ru
 def horovodrun(
     *arguments: str,
     horovodrun_options: list[str] | None = None,
-    np: int = 2,
+    ranks: int = 2,
     timeout: float = TIMEOUT,
 ) -> subprocess.CompletedProcess:
-    """`horovodrun -np NP OPTIONS python ARGUMENTS...` with a hard timeout; fails unless 0.
+    """`horovodrun -np RANKS OPTIONS python ARGUMENTS...` with a hard timeout; fails unless 0.
     The controller is Gloo unless OPTIONS say otherwise (horovodrun would pick MPI where built)."""
-    options = ["-np", str(np), *(horovodrun_options or ["--gloo"])]
+    options = ["-np", str(ranks), *(horovodrun_options or ["--gloo"])]
     command = [str(HOROVODRUN), *options, sys.executable, *arguments]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
