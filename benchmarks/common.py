@@ -12,10 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_train.adapters import create_adapter
 from hvd_train.data import load_data, take
-from hvd_train.models import build_model
 from hvd_train.recipe import Recipe, load_recipe
+from hvd_train.run import open_run
 
 BATCH = 64  # per process
 
@@ -67,9 +66,8 @@ def alternate(
     on the same batches in this one process on the same threads: a slow spell of this shared
     machine falls on both alike, so their ratio is hvd_train's own overhead (separate runs
     moved it by 10-20%)."""
-    adapter = create_adapter(framework)
-    adapter.init()  # a world of one: the adapter sends nothing through Horovod
-    adapter.setup(build_model(recipe, adapter, seed=0), recipe)
+    # A world of one: the adapter sends nothing through Horovod.
+    adapter = open_run(framework, recipe, seed=0).adapter
     flags, seconds = np.zeros(2), np.zeros(2)
     for index, (x, y) in enumerate(batches(train, 0, 1, warmup + steps)):
         started = time.perf_counter()

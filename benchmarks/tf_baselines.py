@@ -24,7 +24,7 @@ import keras
 import tensorflow as tf
 
 from benchmarks.common import alternate, measure, report, setup
-from hvd_train.adapters.keras_models import build_layers
+from hvd_train.builders.keras_models import build_neutral
 
 WARMUP = 10
 
@@ -36,7 +36,7 @@ def loss_of(labels, logits):
 
 
 def plain_step(recipe):
-    model = build_layers(recipe.layers, recipe.data.input_shape)
+    model = build_neutral(recipe.layers, recipe.data.input_shape).model
     optimizer = keras.optimizers.Adam(1e-3)
 
     @tf.function
@@ -58,7 +58,7 @@ def mwms(recipe, train, steps: int) -> float:
     config = json.loads(os.environ["TF_CONFIG"])
     rank, world = config["task"]["index"], len(config["cluster"]["worker"])
     with strategy.scope():
-        model = build_layers(recipe.layers, recipe.data.input_shape)
+        model = build_neutral(recipe.layers, recipe.data.input_shape).model
         optimizer = keras.optimizers.Adam(1e-3)
 
     def replica_step(x, y):

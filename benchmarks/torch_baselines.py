@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import alternate, measure, report, setup
-from hvd_train.adapters.torch_layers import build_layers
+from hvd_train.builders.torch_layers import build_neutral
 
 WARMUP = 10
 
 
 def model_and_optimizer(recipe):
-    model = build_layers(recipe.layers, recipe.data.input_shape)
+    model = build_neutral(recipe.layers, recipe.data.input_shape).model
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)
 
 

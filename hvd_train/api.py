@@ -10,17 +10,18 @@ metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from hvd_train import __version__
-from hvd_train.adapters import Adapter, create_adapter, use_framework
+from hvd_train.adapters import Adapter, Elastic, use_framework
 from hvd_train.checkpoint import Checkpoint, checkpoints, remove_partial
 from hvd_train.data import Splits, load_data
 from hvd_train.errors import UsageError
-from hvd_train.models import build_model
+from hvd_train.options import RunOptions
 from hvd_train.progress import Position
 from hvd_train.recipe import Recipe, load_recipe
 from hvd_train.resume import (
@@ -30,90 +31,75 @@ from hvd_train.resume import (
     saved_framework,
     saved_recipe,
 )
-from hvd_train.trainer import RunOptions, Trainer
+from hvd_train.run import open_run, start
+from hvd_train.trainer import Trainer
 
 DEFAULT_RECIPE, DEFAULT_FRAMEWORK, DEFAULT_SEED = "mnist_cnn", "torch", 42
 
 
 def train(
-    recipe: str | Recipe | None = None,
-    framework: str | None = None,
-    *,
-    output_dir: str | Path | None = None,
-    seed: int | None = None,
-    data_dir: str | Path | None = None,
-    resume: bool = False,
-    log_every: int = 50,
-    checkpoint_every: int | None = None,
-    keep_checkpoints: int = 3,
-    limit_steps: int | None = None,
-    elastic: bool = False,
-    commit_every: int = 10,
-    timeline: str | Path | None = None,
-    **overrides: Any,
+    recipe: str | Recipe | None = None, framework: str | None = None, **keywords: Any
 ) -> dict[str, Any]:
     """Trains `recipe` (a `Recipe`, or a reference as `--recipe` takes it; mnist_cnn if none)
     on this rank, alone or as one of the ranks horovodrun started; the run's summary (written
     by rank 0). Defaults: framework torch, seed 42.
 
-    `overrides` replace recipe settings by key: `epochs=2`, `learning_rate=0.01`, or any key
-    of the recipe's tables (`backward_passes_per_step=2`); the keywords before them are the
-    CLI's flags of the same names. With `resume`, the recipe, seed and framework are the
-    checkpoint's, and what is given must agree with them but for more epochs. `timeline`
-    records Horovod's timeline of the run into that file (rank 0 writes it).
+    `keywords` are `RunOptions`'s fields, the CLI's train flags by the same names
+    (`output_dir`, `seed`, `resume`, `checkpoint_every`, `horovod_timeline`, ...), and
+    overrides of recipe settings by key: `epochs=2`, `learning_rate=0.01`, or any key of the
+    recipe's tables (`backward_passes_per_step=2`). With `resume`, the recipe, seed and
+    framework are the checkpoint's, and what is given must agree with them but for more epochs.
     """
-    if resume and output_dir is None:
-        raise UsageError("--resume needs --output-dir, the folder of the run to continue")
-    if elastic and output_dir is None:
-        raise UsageError(
-            "--elastic needs --output-dir, a folder that every host sees (a shared file "
-            "system), so that whichever worker is rank 0 writes to the same run"
-        )
-    if resume:
-        framework = framework or saved_framework(Path(str(output_dir)))
+    options, overrides = RunOptions.split(keywords)
+    if options.resume:
+        framework = framework or saved_framework(Path(str(options.output_dir)))
     framework = framework or DEFAULT_FRAMEWORK
     use_framework(framework)  # before any Python recipe (a new one, or a checkpoint's) loads
-    if not resume:  # a new run's mistakes show before Horovod starts
+    if not options.resume:  # a new run's mistakes show before Horovod starts
         recipe = with_overrides(resolve_recipe(recipe or DEFAULT_RECIPE, framework), overrides)
         recipe.check_framework(framework)
-    adapter = create_adapter(framework)
-    if elastic and not adapter.supports_elastic:
+    if options.horovod_timeline is not None:  # Horovod reads it as it starts; rank 0 writes it
+        os.environ["HOROVOD_TIMELINE"] = str(options.horovod_timeline.resolve())
+    adapter = start(framework)
+    if options.elastic and not isinstance(adapter, Elastic):
         raise UsageError(
             f"--elastic is not available with --framework {framework}: Horovod's elastic "
             "state for TensorFlow targets Keras 2; use --framework torch, or drop --elastic and "
             "rely on --resume"
         )
-    if timeline is not None:  # Horovod reads it when it starts; rank 0 writes the file
-        os.environ["HOROVOD_TIMELINE"] = str(Path(timeline).resolve())
-    adapter.init()
     checkpoint = None
-    if resume:
-        # Elastic: every rank reads the checkpoint itself (a joining worker runs this too, and
-        # must not wait in a collective here); otherwise rank 0 reads and tells the others.
-        everywhere = elastic
-        checkpoint, state, recipe_text = read_resume_point(
-            adapter, Path(str(output_dir)), everywhere
-        )
-        recipe = resumed_recipe(state, recipe_text, recipe, framework, overrides)
-        seed = resumed_option(state, "--seed", seed)
-        limit_steps = resumed_option(state, "--limit-steps", limit_steps)
+    if options.resume:
+        checkpoint, recipe, options = resumed_run(adapter, recipe, options, overrides)
     assert isinstance(recipe, Recipe)
-    default_dir = Path("runs", f"{recipe.name}-{framework}-{time.strftime('%Y%m%d-%H%M%S')}")
-    options = RunOptions(
-        framework=framework,
-        # Rank 0's choice of folder: the ranks' clocks may name the default differently.
-        output_dir=Path(output_dir or adapter.broadcast_object(default_dir)),
-        seed=DEFAULT_SEED if seed is None else seed,
-        data_dir=Path(data_dir) if data_dir is not None else None,
-        resume=resume,
-        log_every=log_every,
-        checkpoint_every=checkpoint_every,
-        keep_checkpoints=keep_checkpoints,
-        limit_steps=limit_steps,
-        elastic=elastic,
-        commit_every=commit_every,
+    return train_on_rank(adapter, recipe, decided(adapter, recipe, options), checkpoint)
+
+
+def resumed_run(
+    adapter: Adapter, given: str | Recipe | None, options: RunOptions, overrides: dict[str, Any]
+) -> tuple[Checkpoint | None, Recipe, RunOptions]:
+    """Where a resumed run starts (on rank 0), its recipe, and its options with the
+    checkpoint's seed and step limit. Elastic: every rank reads the checkpoint itself (a
+    joining worker runs this too, and must not wait in a collective here); otherwise rank 0
+    reads and tells the others."""
+    output_dir = Path(str(options.output_dir))
+    checkpoint, state, recipe_text = read_resume_point(adapter, output_dir, options.elastic)
+    recipe = resumed_recipe(state, recipe_text, given, adapter.name, overrides)
+    options = dataclasses.replace(
+        options,
+        seed=resumed_option(state, "--seed", options.seed),
+        limit_steps=resumed_option(state, "--limit-steps", options.limit_steps),
     )
-    return run(adapter, recipe, options, checkpoint)
+    return checkpoint, recipe, options
+
+
+def decided(adapter: Adapter, recipe: Recipe, options: RunOptions) -> RunOptions:
+    """`options` with the seed and output folder decided: the default folder is rank 0's
+    choice, as the ranks' clocks may name it differently."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    default_dir = Path("runs", f"{recipe.name}-{adapter.name}-{stamp}")
+    output_dir = options.output_dir or adapter.broadcast_object(default_dir)
+    seed = DEFAULT_SEED if options.seed is None else options.seed
+    return dataclasses.replace(options, output_dir=output_dir, seed=seed)
 
 
 def resumed_recipe(
@@ -143,43 +129,51 @@ def with_overrides(recipe: Recipe, overrides: dict[str, Any]) -> Recipe:
         raise UsageError(f"override {error}") from None
 
 
-def run(
+def train_on_rank(
     adapter: Adapter, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None
 ) -> dict[str, Any]:
     """One training job on this rank, once Horovod is initialised; `checkpoint` (on rank 0)
     is where a resumed run starts."""
     if options.elastic:
-        return run_elastic(adapter, recipe, options, checkpoint)
+        return train_elastic(adapter, recipe, options, checkpoint)
     data = load_data_on_every_rank(adapter, recipe, options)
-    adapter.on_rank_zero(lambda: prepare_output_dir(options.output_dir, options.resume))
-    adapter.setup(build_model(recipe, adapter, options.seed), recipe)
-    trainer = Trainer(adapter, data, recipe, options)
-    start = Position(0, 0)
+    adapter.on_rank_zero(lambda: prepare_output_dir(output_dir(options), options.resume))
+    trainer = Trainer(open_run(adapter, recipe, seed(options)), data, options)
+    begin_at = Position(0, 0)
     if options.resume:
-        start = adapter.on_rank_zero(lambda: trainer.load_snapshot(checkpoint))  # type: ignore[arg-type]
+        begin_at = adapter.on_rank_zero(lambda: trainer.load_snapshot(checkpoint))  # type: ignore[arg-type]
     adapter.broadcast_state(include_optimizer=options.resume)
-    return trainer.fit(start)
+    return trainer.fit(begin_at)
 
 
-def run_elastic(
+def train_elastic(
     adapter: Adapter, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None
 ) -> dict[str, Any]:
-    """`run` under Horovod's elastic driver. Everything before the elastic loop stays on this
-    rank: a worker that joins a running job runs it too, while the others wait in the loop,
-    and a collective there would never be matched. The job's start (the ranks' agreement, the
-    output folder, the resumed position) happens once, inside the loop."""
+    """`train_on_rank` under Horovod's elastic driver. Everything before the elastic loop
+    stays on this rank: a worker that joins a running job runs it too, while the others wait
+    in the loop, and a collective there would never be matched. The job's start (the ranks'
+    agreement, the output folder, the resumed position) happens once, inside the loop."""
     data = load_data(recipe, options.data_dir)
-    adapter.setup(build_model(recipe, adapter, options.seed), recipe)
-    trainer = Trainer(adapter, data, recipe, options)
+    trainer = Trainer(open_run(adapter, recipe, seed(options)), data, options)
 
     def begin() -> Position:
-        check_ranks_agree(adapter, None, run_facts(recipe, options, data))
-        adapter.on_rank_zero(lambda: prepare_output_dir(options.output_dir, options.resume))
+        check_ranks_agree(adapter, None, run_facts(adapter, recipe, options, data))
+        adapter.on_rank_zero(lambda: prepare_output_dir(output_dir(options), options.resume))
         if not options.resume:
             return Position(0, 0)
         return adapter.on_rank_zero(lambda: trainer.load_snapshot(checkpoint))  # type: ignore[arg-type]
 
     return trainer.fit_elastic(begin)
+
+
+def output_dir(options: RunOptions) -> Path:
+    assert options.output_dir is not None, "decided when the run starts"
+    return options.output_dir
+
+
+def seed(options: RunOptions) -> int:
+    assert options.seed is not None, "decided when the run starts"
+    return options.seed
 
 
 def load_data_on_every_rank(adapter: Adapter, recipe: Recipe, options: RunOptions) -> Splits:
@@ -190,16 +184,18 @@ def load_data_on_every_rank(adapter: Adapter, recipe: Recipe, options: RunOption
         data = load_data(recipe, options.data_dir)
     except UsageError as error:
         problem = str(error)
-    check_ranks_agree(adapter, problem, run_facts(recipe, options, data))
+    check_ranks_agree(adapter, problem, run_facts(adapter, recipe, options, data))
     assert data is not None
     return data
 
 
-def run_facts(recipe: Recipe, options: RunOptions, data: Splits | None) -> dict[str, Any]:
+def run_facts(
+    adapter: Adapter, recipe: Recipe, options: RunOptions, data: Splits | None
+) -> dict[str, Any]:
     """What every rank must run alike."""
     return {
         "hvd_train version": __version__,
-        "framework": options.framework,
+        "framework": adapter.name,
         "recipe": recipe.recipe_hash(),
         "seed": options.seed,
         "training examples": None if data is None else len(data.train),
@@ -247,10 +243,10 @@ def prepare_output_dir(output_dir: Path, resume: bool) -> None:
 
 
 def _train_rank(
-    recipe: str | Recipe | None, framework: str | None, options: dict[str, Any]
+    recipe: str | Recipe | None, framework: str | None, keywords: dict[str, Any]
 ) -> dict[str, Any]:
     """What `launch` runs in each rank."""
-    return train(recipe, framework, **options)
+    return train(recipe, framework, **keywords)
 
 
 def launch(
@@ -259,15 +255,15 @@ def launch(
     framework: str | None = None,
     *,
     hosts: str | None = None,
-    **options: Any,
+    **keywords: Any,
 ) -> dict[str, Any]:
     """Starts `np` ranks with Horovod's own `horovod.run` (Gloo; on this machine, or on
     `hosts` as horovodrun's -H takes them) and trains `recipe` in each; rank 0's summary.
-    `options` are `train`'s keywords and overrides."""
+    `keywords` are `train`'s."""
     import horovod
 
     results = horovod.run(
-        _train_rank, args=(recipe, framework, options), np=np, hosts=hosts, use_gloo=True
+        _train_rank, args=(recipe, framework, keywords), np=np, hosts=hosts, use_gloo=True
     )
     summary: dict[str, Any] = results[0]
     return summary

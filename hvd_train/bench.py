@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.adapters import Adapter, create_adapter
+from hvd_train.adapters import Adapter
 from hvd_train.api import DEFAULT_RECIPE, resolve_recipe, with_overrides
 from hvd_train.data import Splits, load_data, take
 from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.errors import UsageError
-from hvd_train.models import build_model
 from hvd_train.recipe import Data
+from hvd_train.run import open_run, start
 
 ALLREDUCE_REPEATS = 20
 PROJECTED_HOSTS = (2, 4, 8, 16, 32, 64)
@@ -181,13 +181,12 @@ def run_bench(
         )
         recipe = dataclasses.replace(recipe, data=fake)
     recipe.check_framework(framework)
-    adapter = create_adapter(framework)
-    adapter.init()
+    adapter = start(framework)
     if links and adapter.world_size == 1:
         raise UsageError("--links projects from a measured exchange, and alone there is none: "
                          "run bench under horovodrun -np 2 or more")  # fmt: skip
     data = load_data(recipe, data_dir)
-    adapter.setup(build_model(recipe, adapter, seed=0), recipe)
+    open_run(adapter, recipe, seed=0)
     adapter.broadcast_state(include_optimizer=False)
     passes = recipe.horovod.backward_passes_per_step
     times, wall = time_rank(adapter, data, recipe.schedule.batch_size, passes, steps, warmup)

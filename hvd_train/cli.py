@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import tomllib
 from collections.abc import Callable
@@ -16,6 +15,8 @@ from typing import Any, NoReturn
 from hvd_train import __version__
 from hvd_train.adapters import ADAPTERS
 from hvd_train.errors import ReplicasDiverged, Stopped, UsageError
+from hvd_train.options import TRAIN_OPTIONS, add_arguments
+from hvd_train.rules import Rule
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,6 +37,22 @@ def positive(kind: type) -> Callable[[str], int | float]:
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
         return value
+
+    return parse
+
+
+def checked(rule: Rule) -> Callable[[str], Any]:
+    """An argparse type for a `RunOptions` field: its rule, on the flag's text as a number."""
+
+    def parse(text: str) -> Any:
+        if rule.positive:
+            return positive(rule.kind)(text)
+        try:
+            return rule.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {rule.kind.__name__}, got {text!r}"
+            ) from None
 
     return parse
 
@@ -100,13 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(ADAPTERS),
         help="the framework to run under (default: torch; with --resume, the run's own)",
     )
-    shared.add_argument(
-        "--data-dir",
-        type=Path,
-        default=os.environ.get("HVD_TRAIN_DATA_DIR"),
-        help="folder holding the four MNIST files (default: $HVD_TRAIN_DATA_DIR, else the cache, "
-        "filled on first use)",
-    )
+    add_arguments(shared, ["data_dir"], checked)
     shared.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
     commands = parser.add_subparsers(
         dest="command", metavar="{train,eval,show-recipe,plot,bench,doctor}", parser_class=Parser
@@ -114,70 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser(
         "train", parents=[shared, recipe], help="train a recipe (the default command)"
     )
-    train.add_argument(
-        "--seed",
-        type=int,
-        help="seed for weights and data order, the same on every rank (default: 42; with "
-        "--resume, the run's own)",
-    )
-    train.add_argument(
-        "--output-dir",
-        type=Path,
-        help="where checkpoints/, metrics.jsonl and summary.json go "
-        "(default: runs/<recipe>-<framework>-<time>)",
-    )
-    train.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --output-dir from its newest valid checkpoint, with the "
-        "recipe, settings, seed and framework it trained with (only --epochs may grow)",
-    )
-    train.add_argument(
-        "--checkpoint-every",
-        type=positive(int),
-        metavar="STEPS",
-        help="also checkpoint every this many steps within an epoch, so a crash loses at most "
-        "that many (default: only at the end of each epoch)",
-    )
-    train.add_argument(
-        "--keep-checkpoints",
-        type=positive(int),
-        default=3,
-        metavar="K",
-        help="keep the newest K checkpoints, deleting older ones (default: %(default)s)",
-    )
-    train.add_argument(
-        "--elastic",
-        action="store_true",
-        help="elastic training (torch): run under `horovodrun --min-np/--max-np "
-        "--host-discovery-script`; workers may leave or join, and the job goes on",
-    )
-    train.add_argument(
-        "--commit-every",
-        type=positive(int),
-        default=10,
-        metavar="STEPS",
-        help="with --elastic, commit the state every this many steps; a failure loses at most "
-        "that many (default: %(default)s)",
-    )
-    train.add_argument(
-        "--horovod-timeline",
-        type=Path,
-        metavar="FILE",
-        help="record Horovod's timeline (each collective's negotiation and transfer) into FILE, "
-        "written by rank 0; open it in https://ui.perfetto.dev or chrome://tracing",
-    )
-    train.add_argument(
-        "--limit-steps",
-        type=positive(int),
-        help="train at most this many steps per epoch (quick smoke runs; default: all)",
-    )
-    train.add_argument(
-        "--log-every",
-        type=positive(int),
-        default=50,
-        help="log the loss, averaged across ranks, every this many steps (default: %(default)s)",
-    )
+    add_arguments(train, [name for name in TRAIN_OPTIONS if name != "data_dir"], checked)
     evaluate = commands.add_parser(
         "eval", parents=[shared], help="evaluate a checkpoint written by either framework"
     )
@@ -258,22 +206,8 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 def run_train(args: argparse.Namespace) -> int:
     from hvd_train.api import train
 
-    train(
-        args.recipe,
-        args.framework,
-        output_dir=args.output_dir,
-        seed=args.seed,
-        data_dir=args.data_dir,
-        resume=args.resume,
-        log_every=args.log_every,
-        checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints,
-        limit_steps=args.limit_steps,
-        elastic=args.elastic,
-        commit_every=args.commit_every,
-        timeline=args.horovod_timeline,
-        **overrides(args),
-    )
+    train(args.recipe, args.framework, **{name: getattr(args, name) for name in TRAIN_OPTIONS},
+          **overrides(args))  # fmt: skip
     return 0
 
 

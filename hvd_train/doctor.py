@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from hvd_train import __version__
-from hvd_train.data.mnist import FILES, cache_dir, verified_idx
+from hvd_train.data.mnist import FILES, cache_dir, given_data_dir, verified_idx
 from hvd_train.errors import UsageError
 
 PACKAGES = ("hvd_train", "horovod", "torch", "tensorflow", "tensorflow-cpu", "keras")
@@ -98,6 +98,7 @@ def horovod_checks() -> list[Check]:
 
 def data_check(data_dir: Path | None) -> Check:
     """MNIST in --data-dir must be there; the cache may still be empty, if it can be filled."""
+    data_dir = given_data_dir(data_dir)
     directory = data_dir or cache_dir()
     if data_dir is None and not any(directory.glob("*-ubyte*")):
         writable = _writable(directory)

@@ -7,19 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.adapters import Adapter, create_adapter
-from hvd_train.checkpoint import (
-    Checkpoint,
-    check_layout,
-    check_weights_fit,
-    load_checkpoint,
-    resolve_checkpoint,
-)
+from hvd_train.adapters import Adapter
+from hvd_train.checkpoint import Checkpoint, load_checkpoint, resolve_checkpoint
 from hvd_train.data import Dataset, load_data, take
 from hvd_train.data.sharding import eval_indices
 from hvd_train.errors import UsageError
-from hvd_train.models import build_model
 from hvd_train.resume import saved_recipe
+from hvd_train.run import open_run, start
 
 EVAL_BATCH_SIZE = 1000
 
@@ -30,9 +24,9 @@ def evaluate(adapter: Adapter, test: Dataset) -> tuple[float, float]:
     adapter.sync_buffers()
     mine = eval_indices(len(test), adapter.rank, adapter.world_size)
     loss_sum, correct = 0.0, 0
-    for start in range(0, len(mine), EVAL_BATCH_SIZE):
+    for first in range(0, len(mine), EVAL_BATCH_SIZE):
         batch_loss, batch_correct = adapter.eval_sums(
-            *take(test, mine[start : start + EVAL_BATCH_SIZE])
+            *take(test, mine[first : first + EVAL_BATCH_SIZE])
         )
         loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
     totals = adapter.allreduce_sum(np.array([loss_sum, correct, len(mine)]))
@@ -51,17 +45,14 @@ def evaluate_checkpoint(
 ) -> dict[str, Any] | None:
     """Loads a checkpoint into `framework` and evaluates it; the result on rank 0, None on the
     other ranks. Neutral checkpoints load under either framework."""
-    adapter = create_adapter(framework)
-    adapter.init()
+    adapter = start(framework)
     # Only rank 0 need see the file (hosts may not share a disk); it sends the rest the contents.
     checkpoint = adapter.on_rank_zero(lambda: read_checkpoint(path))
     state = checkpoint.state | {"path": str(checkpoint.path)}
     recipe = saved_recipe(state, checkpoint.recipe_text, recipe_reference)
-    check_layout(checkpoint, framework, recipe.layout(framework))
     data = load_data(recipe, data_dir)
-    adapter.setup(build_model(recipe, adapter, seed=0), recipe)
-    check_weights_fit(checkpoint, adapter.weights(), "evaluate it with the recipe that wrote it")
-    adapter.load_weights(checkpoint.weights)
+    run = open_run(adapter, recipe, seed=0)
+    run.load_weights(checkpoint, "evaluate it with the recipe that wrote it")
     test_loss, accuracy = evaluate(adapter, data.test)
     if not adapter.is_rank_zero:
         return None

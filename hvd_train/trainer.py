@@ -16,53 +16,27 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from hvd_train import __version__
-from hvd_train.adapters import Adapter
-from hvd_train.adapters.base import ElasticState, StepResult
-from hvd_train.checkpoint import (
-    Checkpoint,
-    check_layout,
-    check_weights_fit,
-    checkpoint_name,
-    save_checkpoint,
-)
+from hvd_train.adapters.base import Elastic, ElasticState, StepResult
+from hvd_train.checkpoint import Checkpoint, checkpoint_name, save_checkpoint
 from hvd_train.data import Splits, take
 from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.errors import ReplicasDiverged, Stopped, UsageError
 from hvd_train.evaluation import evaluate
 from hvd_train.metrics import MetricsWriter, write_error
+from hvd_train.options import RunOptions
 from hvd_train.plot import plot_runs
 from hvd_train.progress import Position, Progress
-from hvd_train.recipe import Recipe
 from hvd_train.recipe.toml import recipe_toml
 from hvd_train.report import EpochProgress
+from hvd_train.run import Run
 from hvd_train.schedule import LearningRateSchedule
 from hvd_train.stopping import StopRequests
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How to run a recipe (not what it trains): the CLI's flags, the API's keywords."""
-
-    framework: str
-    output_dir: Path
-    seed: int = 42
-    data_dir: Path | None = None
-    resume: bool = False
-    log_every: int = 50
-    checkpoint_every: int | None = None  # steps between mid-epoch checkpoints
-    keep_checkpoints: int = 3
-    limit_steps: int | None = None  # cap on steps per epoch, for smoke runs
-    elastic: bool = False
-    commit_every: int = 10  # steps between commits of the elastic state
-
 
 IMAGES_PER_SECOND_BASIS = (
     "the images of every training step on all ranks, over the wall time of all those steps on "
@@ -83,10 +57,13 @@ def step_seed(seed: int, global_step: int, rank: int) -> int:
 
 
 class Trainer:
-    def __init__(self, adapter: Adapter, data: Splits, recipe: Recipe, options: RunOptions) -> None:
-        self.adapter, self.data, self.recipe, self.options = adapter, data, recipe, options
-        self.metrics = MetricsWriter(options.output_dir, len(data.train))
-        self.checkpoint_dir = options.output_dir / "checkpoints"
+    def __init__(self, run: Run, data: Splits, options: RunOptions) -> None:
+        self.run, self.data, self.options = run, data, options
+        self.adapter, self.recipe = run.adapter, run.recipe
+        assert options.output_dir is not None and options.seed is not None, "decided by now"
+        self.output_dir, self.seed = options.output_dir, options.seed
+        self.metrics = MetricsWriter(self.output_dir, len(data.train))
+        self.checkpoint_dir = self.output_dir / "checkpoints"
         self.images_trained, self.step_seconds = 0, 0.0
         self.steps_trained, self.step_parts = 0, np.zeros(2)  # T_comp and T_sync, summed
         self.logged = (0, 0.0)  # images and seconds at the last record
@@ -123,7 +100,7 @@ class Trainer:
         if self.metrics.failure:
             self.requests.failure = self.metrics.failure
         result = adapter.train_step(
-            taken, self.schedule(step), step_seed(self.options.seed, step, adapter.rank),
+            taken, self.schedule(step), step_seed(self.seed, step, adapter.rank),
             self.requests.flags(),
         )  # fmt: skip
         self.step_seconds += time.perf_counter() - started
@@ -135,7 +112,7 @@ class Trainer:
     def run_epoch(self, epoch: int, first_step: int) -> float:
         """Trains epoch `epoch` from `first_step` on; the loss averaged over ranks and steps."""
         adapter, steps = self.adapter, self.progress.steps_per_epoch
-        order = epoch_order(len(self.data.train), self.options.seed, epoch)
+        order = epoch_order(len(self.data.train), self.seed, epoch)
         shard = shard_steps(order, adapter.rank, adapter.world_size,
                             self.recipe.schedule.batch_size,
                             self.recipe.horovod.backward_passes_per_step)  # fmt: skip
@@ -196,7 +173,7 @@ class Trainer:
         message = (
             f"stopped by {signal.Signals(signum).name} at step {done.step} of epoch "
             f"{done.epoch + 1}, after saving a checkpoint; continue with: hvd-train --resume "
-            f"--output-dir {self.options.output_dir}"
+            f"--output-dir {self.output_dir}"
         )
         if self.adapter.is_rank_zero:
             tqdm.write(f"hvd-train: {message}")
@@ -223,7 +200,7 @@ class Trainer:
             "step_in_epoch": position.step,
             "samples_in_epoch": samples,
             "global_step": self.progress.global_step(position),
-            "seed": self.options.seed,
+            "seed": self.seed,
             "limit_steps": self.options.limit_steps,
             "world_size": adapter.world_size,
             "global_batch_size": self.progress.global_batch,
@@ -235,20 +212,18 @@ class Trainer:
             "recipe": recipe.name,
             "recipe_source": recipe.source,
             "recipe_hash": recipe.recipe_hash(),
-            "layout": recipe.layout(adapter.name),
+            "layout": self.run.layout.name,
             "framework": adapter.name,
             "hvd_train_version": __version__,
         }
         save_checkpoint(self.checkpoint_dir, checkpoint_name(position.epoch, samples),
-                        adapter.weights(), adapter.optimizer_state(), state, recipe_toml(recipe),
+                        self.run.weights(), adapter.optimizer_state(), state, recipe_toml(recipe),
                         self.options.keep_checkpoints)  # fmt: skip
 
     def load_snapshot(self, checkpoint: Checkpoint) -> Position:
         """Loads `checkpoint` into rank 0's model and optimizer; where it stands."""
         state, adapter = checkpoint.state, self.adapter
-        check_layout(checkpoint, adapter.name, self.recipe.layout(adapter.name))
-        remedy = "resume with that recipe or choose another --output-dir"
-        check_weights_fit(checkpoint, adapter.weights(), remedy)
+        self.run.load_weights(checkpoint, "resume with that recipe or choose another --output-dir")
         if state["framework"] != adapter.name:  # the optimizer's state is the framework's own
             raise UsageError(
                 f"checkpoint {checkpoint.path} was written by {state['framework']}; "
@@ -257,10 +232,9 @@ class Trainer:
         position = self.progress.position_at(state["epoch"], state["samples_in_epoch"])
         if position.epoch >= self.recipe.schedule.epochs:
             raise UsageError(
-                f"the run in {self.options.output_dir} already finished {position.epoch} "
+                f"the run in {self.output_dir} already finished {position.epoch} "
                 "epochs; raise --epochs to train further"
             )
-        adapter.load_weights(checkpoint.weights)
         try:
             adapter.load_optimizer_state(checkpoint.optimizer)
         except (ValueError, KeyError, RuntimeError) as error:
@@ -355,6 +329,7 @@ class Trainer:
             self.adapter.on_rank_zero(lambda: self.reopen_output(position))
             return self.fit(position)
 
+        assert isinstance(self.adapter, Elastic), "checked when the run started"
         return self.adapter.run_elastic(loop)
 
     def reopen_output(self, position: Position) -> None:
@@ -393,4 +368,4 @@ class Trainer:
     def finish(self, summary: dict[str, Any]) -> None:
         """Rank 0 writes summary.json and draws the run's curves.png."""
         self.metrics.summary(summary)
-        plot_runs([self.options.output_dir], self.options.output_dir / "curves.png")
+        plot_runs([self.output_dir], self.output_dir / "curves.png")

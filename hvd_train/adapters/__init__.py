@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 
-from hvd_train.adapters.base import Adapter, Arrays
+from hvd_train.adapters.base import Adapter, Arrays, Elastic
 from hvd_train.errors import UsageError
 
 ADAPTERS = {
@@ -21,8 +21,7 @@ BINDINGS = {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
 # Settings TensorFlow reads once, as it loads, applied where the environment gives none. On
 # Linux, TensorFlow turns oneDNN's CPU kernels on by itself only on CPUs with neural-network
 # instructions (AVX512-VNNI or -BF16, AVX-VNNI, AMX). On this project's AVX2 machine they made
-# mnist_cnn's train step 1.45x as fast on one core (45.3 -> 31.6 ms), and `hvd-train bench` at
-# np=2 1.3-1.5x (README, "Performance"). TF_ENABLE_ONEDNN_OPTS=0 turns them off.
+# mnist_cnn's train step faster (docs/performance.md). TF_ENABLE_ONEDNN_OPTS=0 turns them off.
 TENSORFLOW_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "1"}
 
 
@@ -59,4 +58,4 @@ def create_adapter(name: str) -> Adapter:
     return adapter
 
 
-__all__ = ["ADAPTERS", "Adapter", "Arrays", "create_adapter", "use_framework"]
+__all__ = ["ADAPTERS", "Adapter", "Arrays", "Elastic", "create_adapter", "use_framework"]

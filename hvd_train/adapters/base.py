@@ -1,7 +1,8 @@
 """The interface every framework adapter implements; the training loop sees only this.
 
-An adapter does not decide what model to train: it builds the neutral layer list when asked
-(`build_layers`), and is handed a built model in `setup`, as Lightning Fabric's strategies are.
+An adapter does not decide what to train: `setup` is handed a built model, the optimizer's
+settings, the loss and Horovod's settings, as Lightning Fabric's strategies are handed a module.
+The object collectives are written once here, over the binding's `hvd` module.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from types import ModuleType
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from hvd_train.errors import UsageError
-from hvd_train.layers import Layer, Shape
-from hvd_train.recipe import Recipe
+from hvd_train.recipe.settings import Horovod, Optimizer
 
 T = TypeVar("T")
 # The name of every object broadcast and allgather. Horovod matches collectives across ranks by
@@ -29,10 +30,11 @@ OBJECT_COLLECTIVE = "hvd_train.object"
 # Horovod settings hvd_train applies where the environment gives none. A cycle of 3 ms instead of
 # Horovod's 1 ms: where every cycle is a negotiation round of all ranks (MPI; Gloo while a tensor
 # waits for a slower rank), fewer rounds leave more of shared cores to the computation. How it
-# was measured: the README's "Performance".
+# was measured: docs/performance.md.
 HOROVOD_DEFAULTS = {"HOROVOD_CYCLE_TIME": "3"}
 Arrays = dict[str, np.ndarray]
 Batch = tuple[np.ndarray, np.ndarray]  # inputs and int64 labels
+Loss = str | Callable[[Any, Any], Any]  # "cross_entropy", or (outputs, labels) -> mean loss
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,20 @@ class ElasticState(Protocol):
     def sync(self) -> None: ...
 
 
+@runtime_checkable
+class Elastic(Protocol):
+    """An adapter that can run under Horovod's elastic driver."""
+
+    def run_elastic(self, loop: Callable[[ElasticState], T]) -> T:
+        """Runs `loop` under Horovod's elastic driver: when workers leave or join, the state is
+        restored to its last commit, Horovod re-initialises, and `loop` is called again."""
+
+
 class Adapter(ABC):
     """One framework under Horovod: device, wrapped optimizer, collectives, weights."""
 
     name: ClassVar[str]
-    supports_elastic: ClassVar[bool] = False
+    hvd: ModuleType  # the binding: horovod.torch or horovod.tensorflow
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -77,17 +88,9 @@ class Adapter(ABC):
         """Initialises Horovod and pins this process to its GPU or its share of CPU threads."""
 
     @abstractmethod
-    def seed(self, seed: int) -> None:
-        """Seeds the framework's random numbers, before a model is built."""
-
-    @abstractmethod
-    def build_layers(self, layers: tuple[Layer, ...], input_shape: Shape) -> Any:
-        """The neutral layer list as a model of this framework."""
-
-    @abstractmethod
-    def setup(self, model: Any, recipe: Recipe) -> None:
-        """Takes the model to train: moves it to the device and wraps the recipe's optimizer
-        with Horovod. Checkpoints hold its weights in `recipe.layout(self.name)`."""
+    def setup(self, model: Any, optimizer: Optimizer, loss: Loss, horovod: Horovod) -> None:
+        """Takes the model to train (a torch module, or a Keras model on this framework's
+        backend) onto the device, with the optimizer, the loss, and how gradients travel."""
 
     @abstractmethod
     def broadcast_state(self, include_optimizer: bool) -> None:
@@ -138,17 +141,18 @@ class Adapter(ABC):
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         """Element-wise sum of `values` over all ranks."""
 
-    @abstractmethod
     def broadcast_object(self, value: Any) -> Any:
         """Rank 0's `value`, on every rank."""
+        return self.hvd.broadcast_object(value, root_rank=0, name=OBJECT_COLLECTIVE)
 
-    @abstractmethod
     def allgather_object(self, value: Any) -> list[Any]:
         """Every rank's `value`, in rank order, on every rank."""
+        return list(self.hvd.allgather_object(value, name=OBJECT_COLLECTIVE))
 
     @abstractmethod
     def weights(self) -> Arrays:
-        """The model's weights (and running statistics) in the checkpoint layout."""
+        """The model's weights (and running statistics), as the framework names and shapes
+        them; a model's `Layout` converts them for checkpoints."""
 
     @abstractmethod
     def load_weights(self, weights: Arrays) -> None:
@@ -166,11 +170,6 @@ class Adapter(ABC):
     @abstractmethod
     def load_optimizer_state(self, state: Arrays) -> None:
         """Restores what `optimizer_state` returned."""
-
-    def run_elastic(self, loop: Callable[[ElasticState], T]) -> T:
-        """Runs `loop` under Horovod's elastic driver: when workers leave or join, the state is
-        restored to its last commit, Horovod re-initialises, and `loop` is called again."""
-        raise NotImplementedError(f"{self.name} has no elastic mode")
 
     @property
     def is_rank_zero(self) -> bool:
@@ -229,10 +228,3 @@ def cgroup_cpu_quota(cgroup: Path) -> float | None:
     except (OSError, ValueError):
         return None
     return cfs_quota / cfs_period if cfs_quota > 0 else None
-
-
-def model_type_error(recipe: Recipe, builder: str, expected: str, model: Any) -> UsageError:
-    return UsageError(
-        f"{recipe.source}: {builder}() returned {type(model).__name__}, not {expected}; "
-        f"return the model from {builder}"
-    )

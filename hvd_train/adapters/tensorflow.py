@@ -18,19 +18,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.adapters import keras_models
-from hvd_train.adapters.base import (
-    OBJECT_COLLECTIVE,
-    Adapter,
-    Arrays,
-    Batch,
-    StepResult,
-    model_type_error,
-)
+from hvd_train.adapters.base import Adapter, Arrays, Batch, Loss, StepResult
+from hvd_train.builders import keras_models
 from hvd_train.errors import UsageError
-from hvd_train.layers import Layer, Shape
-from hvd_train.recipe import Recipe
-from hvd_train.recipe.settings import Optimizer
+from hvd_train.recipe.settings import Horovod, Optimizer
 
 
 def cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -44,7 +35,7 @@ class Compiled:
     the batch dimension of its first `batch_arguments` arguments left open, so that an epoch's
     last, smaller batch does not trace it again. Traced without AutoGraph, as Keras 3 traces
     its own train step: nothing here branches on a tensor, and AutoGraph's rewrite of Horovod's
-    `grouped_allreduce` took most of the first step's time (README, Performance)."""
+    `grouped_allreduce` took most of the first step's time (docs/performance.md)."""
 
     def __init__(self, function: Callable[..., Any], batch_arguments: int) -> None:
         self.graph = tf.function(function, reduce_retracing=True, autograph=False)
@@ -78,6 +69,7 @@ def _optimizer(config: Optimizer) -> keras.optimizers.Optimizer:
 
 class TensorFlowAdapter(Adapter):
     name = "tensorflow"
+    hvd = hvd
 
     def init(self) -> None:
         self.apply_horovod_defaults()
@@ -92,30 +84,20 @@ class TensorFlowAdapter(Adapter):
             tf.config.threading.set_intra_op_parallelism_threads(self.threads_per_rank())
             tf.config.threading.set_inter_op_parallelism_threads(self.threads_per_rank())
 
-    def seed(self, seed: int) -> None:
-        keras.utils.set_random_seed(seed)
-
-    def build_layers(self, layers: tuple[Layer, ...], input_shape: Shape) -> keras.Model:
-        return keras_models.build_layers(layers, input_shape)
-
-    def setup(self, model: Any, recipe: Recipe) -> None:
-        if not isinstance(model, keras.Model):
-            raise model_type_error(recipe, "keras_model", "a Keras model", model)
-        self.model, self.layout = model, recipe.layout(self.name)
+    def setup(self, model: Any, optimizer: Optimizer, loss: Loss, horovod: Horovod) -> None:
+        self.model = model
         self.loss: Callable[[Any, Any], tf.Tensor] = (
-            cross_entropy if recipe.loss == "cross_entropy" else recipe.loss  # type: ignore[assignment]
+            cross_entropy if loss == "cross_entropy" else loss  # type: ignore[assignment]
         )
-        self.optimizer = _optimizer(recipe.optimizer)
+        self.optimizer = _optimizer(optimizer)
         # Slots exist from the start, so the first broadcast covers them too.
         self.optimizer.build(self.model.trainable_variables)
-        config = recipe.optimizer
         # sgd and adam take weight decay as an L2 term in the gradient, as torch does.
-        self.l2 = config.weight_decay if config.name in ("sgd", "adam") else 0.0
-        self.clip_norm = config.gradient_clip_norm
-        self.compression = (
-            hvd.Compression.fp16 if recipe.horovod.fp16_compression else hvd.Compression.none
-        )
-        self.passes_per_step = recipe.horovod.backward_passes_per_step
+        self.l2 = optimizer.weight_decay if optimizer.name in ("sgd", "adam") else 0.0
+        self.clip_norm = optimizer.gradient_clip_norm
+        fp16 = horovod.fp16_compression
+        self.compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+        self.passes_per_step = horovod.backward_passes_per_step
         # Several backward passes per step: their gradients and loss, summed locally.
         totals = [*self.model.trainable_variables, tf.zeros([], tf.float32)]
         self.accumulators = [
@@ -238,17 +220,11 @@ class TensorFlowAdapter(Adapter):
         tensor = tf.constant(np.asarray(values, dtype=np.float64))
         return hvd.allreduce(tensor, op=hvd.Sum, name="hvd_train.metrics").numpy()
 
-    def broadcast_object(self, value: Any) -> Any:
-        return hvd.broadcast_object(value, root_rank=0, name=OBJECT_COLLECTIVE)
-
-    def allgather_object(self, value: Any) -> list[Any]:
-        return list(hvd.allgather_object(value, name=OBJECT_COLLECTIVE))
-
     def weights(self) -> Arrays:
-        return keras_models.weights(self.model, self.layout)
+        return keras_models.weights(self.model)
 
     def load_weights(self, weights: Arrays) -> None:
-        keras_models.load_weights(self.model, self.layout, weights)
+        keras_models.load_weights(self.model, weights)
 
     def trained_state(self) -> Arrays:
         weights = {

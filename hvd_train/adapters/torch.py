@@ -9,7 +9,7 @@ allreduce after the step's backward passes, as the TensorFlow adapter does.
 from __future__ import annotations
 
 import os
-import random
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,20 +21,9 @@ import torch.nn.functional as F
 from horovod.common.elastic import ObjectState
 from torch import nn
 
-from hvd_train.adapters import torch_layers
-from hvd_train.adapters.base import (
-    OBJECT_COLLECTIVE,
-    Adapter,
-    Arrays,
-    Batch,
-    ElasticState,
-    StepResult,
-    T,
-    model_type_error,
-)
-from hvd_train.layers import Layer, Shape
-from hvd_train.recipe import Recipe
-from hvd_train.recipe.settings import Optimizer
+from hvd_train.adapters.base import Adapter, Arrays, Batch, ElasticState, Loss, StepResult, T
+from hvd_train.builders import keras_models
+from hvd_train.recipe.settings import Horovod, Optimizer
 
 
 def seed_dropout(seed: int) -> None:
@@ -50,8 +39,8 @@ class TorchModule:
     """A torch module as the adapter drives it. Images arrive channels-last (N, H, W, C) and
     are handed to the module as torch's (N, C, H, W)."""
 
-    def __init__(self, module: nn.Module, layers: tuple[Layer, ...]) -> None:
-        self.module, self.layers = module, layers  # layers: the neutral list it was built from
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
 
     def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
         self.module.train(training)
@@ -71,16 +60,10 @@ class TorchModule:
 
     def weights(self) -> Arrays:
         state = self.module.state_dict()
-        if self.layers:
-            return torch_layers.to_neutral(self.layers, state)
         return {name: tensor.detach().cpu().numpy().copy() for name, tensor in state.items()}
 
     def load_weights(self, weights: Arrays) -> None:
-        current = self.module.state_dict()
-        if self.layers:
-            state = torch_layers.from_neutral(self.layers, weights, current)
-        else:
-            state = {name: torch.from_numpy(array) for name, array in weights.items()}
+        state = {name: torch.from_numpy(array) for name, array in weights.items()}
         self.module.load_state_dict(state, strict=True)
 
 
@@ -89,9 +72,7 @@ class KerasOnTorch:
     and seed generators, and its weights in the "keras" layout."""
 
     def __init__(self, model: Any) -> None:
-        from hvd_train.adapters import keras_models
-
-        self.module, self.models = model, keras_models
+        self.module = model
         self.seed_states = keras_models.seed_states(model)
 
     def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
@@ -113,10 +94,10 @@ class KerasOnTorch:
         return {v.path: v.value for v in self.module.weights}
 
     def weights(self) -> Arrays:
-        return self.models.weights(self.module, "keras")
+        return keras_models.weights(self.module)
 
     def load_weights(self, weights: Arrays) -> None:
-        self.models.load_weights(self.module, "keras", weights)
+        keras_models.load_weights(self.module, weights)
 
 
 class ElasticTorchState(ObjectState):
@@ -154,7 +135,7 @@ class ElasticTorchState(ObjectState):
 
 class TorchAdapter(Adapter):
     name = "torch"
-    supports_elastic = True
+    hvd = hvd
 
     def init(self) -> None:
         self.apply_horovod_defaults()
@@ -174,34 +155,20 @@ class TorchAdapter(Adapter):
             torch.set_num_threads(self.threads_per_rank())
             self.device = torch.device("cpu")
 
-    def seed(self, seed: int) -> None:
-        # Keras's initialisers draw their seeds from Python's random. (keras.utils.
-        # set_random_seed would do the same, but imports TensorFlow to seed it as well.)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
-
-    def build_layers(self, layers: tuple[Layer, ...], input_shape: Shape) -> nn.Module:
-        return torch_layers.build_layers(layers, input_shape)
-
-    def setup(self, model: Any, recipe: Recipe) -> None:
-        layout = recipe.layout(self.name)
+    def setup(self, model: Any, optimizer: Optimizer, loss: Loss, horovod: Horovod) -> None:
+        keras = sys.modules.get("keras")
         self.net: TorchModule | KerasOnTorch
-        if layout == "keras":
-            if not isinstance(model, nn.Module):
-                raise model_type_error(recipe, "keras_model", "a Keras model", model)
+        if keras is not None and isinstance(model, keras.Model):
             self.net = KerasOnTorch(model)
         else:
-            if not isinstance(model, nn.Module):
-                raise model_type_error(recipe, "torch_model", "a torch.nn.Module", model)
-            self.net = TorchModule(model.to(self.device), recipe.layers)
+            self.net = TorchModule(model.to(self.device))
         self.loss: Callable[[Any, Any], torch.Tensor] = (
-            F.cross_entropy if recipe.loss == "cross_entropy" else recipe.loss  # type: ignore[assignment]
+            F.cross_entropy if loss == "cross_entropy" else loss  # type: ignore[assignment]
         )
-        self.clip_norm = recipe.optimizer.gradient_clip_norm
-        fp16 = recipe.horovod.fp16_compression
+        self.clip_norm = optimizer.gradient_clip_norm
+        fp16 = horovod.fp16_compression
         self.compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
-        self.optimizer = _optimizer(recipe.optimizer, [p for _, p in self.net.trainable()])
+        self.optimizer = _optimizer(optimizer, [p for _, p in self.net.trainable()])
 
     def broadcast_state(self, include_optimizer: bool) -> None:
         if include_optimizer:
@@ -264,9 +231,9 @@ class TorchAdapter(Adapter):
         loss) with them: one grouped allreduce after the backward passes, so one negotiation
         and, uncompressed, one fused exchange per step. (Horovod's DistributedOptimizer
         instead sends each gradient as the backward pass makes it; on CPU that exchange takes
-        the cores the backward pass needs, and it measured 20-30% slower here: see the
-        README.) The control values travel uncompressed. A parameter this rank left without
-        a gradient sends zeros, as another rank may have one."""
+        the cores the backward pass needs, and it measured slower here: docs/performance.md.)
+        The control values travel uncompressed. A parameter this rank left without a gradient
+        sends zeros, as another rank may have one."""
         gradients = [torch.zeros_like(p) if p.grad is None else p.grad for p in parameters]
         sent, contexts = zip(*map(self.compression.compress, gradients), strict=True)
         *averages, control = hvd.grouped_allreduce([*sent, control], op=hvd.Average,
@@ -309,12 +276,6 @@ class TorchAdapter(Adapter):
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         tensor = torch.from_numpy(np.asarray(values, dtype=np.float64))
         return hvd.allreduce(tensor, op=hvd.Sum, name="hvd_train.metrics").numpy()
-
-    def broadcast_object(self, value: Any) -> Any:
-        return hvd.broadcast_object(value, root_rank=0, name=OBJECT_COLLECTIVE)
-
-    def allgather_object(self, value: Any) -> list[Any]:
-        return list(hvd.allgather_object(value, name=OBJECT_COLLECTIVE))
 
     def run_elastic(self, loop: Callable[[ElasticState], T]) -> T:
         state = ElasticTorchState(self)

@@ -231,8 +231,15 @@ def fetch_into_cache() -> Path:
     )
 
 
+def given_data_dir(data_dir: Path | None) -> Path | None:
+    """The folder the user named: --data-dir, else $HVD_TRAIN_DATA_DIR; None for the cache."""
+    given = data_dir or os.environ.get("HVD_TRAIN_DATA_DIR")
+    return Path(given) if given else None
+
+
 def locate(data_dir: Path | None) -> Path:
-    """The directory to read MNIST from: `data_dir` if given, else the filled cache."""
+    """The directory to read MNIST from: the folder the user named, else the filled cache."""
+    data_dir = given_data_dir(data_dir)
     if data_dir is None:
         return fetch_into_cache()
     if not data_dir.is_dir():

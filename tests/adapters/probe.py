@@ -14,26 +14,19 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
-from hvd_train.adapters import create_adapter
 from hvd_train.data import load_data, take
-from hvd_train.models import build_model
 from hvd_train.recipe import load_recipe
+from hvd_train.run import open_run
 
 framework, reference, data_dir, weights_path, out = sys.argv[1:6]
 recipe = load_recipe(reference)
 data = load_data(recipe, Path(data_dir))
 
 
-def ready_adapter(seed: int):
-    adapter = create_adapter(framework)
-    adapter.init()
-    adapter.setup(build_model(recipe, adapter, seed), recipe)
-    return adapter
-
-
-adapter = ready_adapter(seed=0)
-adapter.load_weights(load_file(weights_path))
-saved = {f"weights.{name}": array for name, array in adapter.weights().items()}
+run = open_run(framework, recipe, seed=0)
+adapter = run.adapter
+adapter.load_weights(run.layout.from_saved(load_file(weights_path), adapter.weights()))
+saved = {f"weights.{name}": array for name, array in run.weights().items()}
 images, _ = take(data.test, np.arange(32))
 saved["logits"] = adapter.logits(images)
 if framework == "torch":
@@ -44,13 +37,13 @@ saved["trained_parameters"] = np.array(trained)
 
 # One step at learning rate 0 moves only batchnorm's running statistics.
 adapter.train_step([take(data.train, np.arange(64))], 0.0, 0, np.zeros(2))
-saved |= {f"stepped.{name}": array for name, array in adapter.weights().items()}
+saved |= {f"stepped.{name}": array for name, array in run.weights().items()}
 
 for step in range(2):  # give the optimizer some state
     batch = take(data.train, np.arange(64 * step, 64 * (step + 1)))
     adapter.train_step([batch], 0.001, step, np.zeros(2))
 state = adapter.optimizer_state()
-fresh = ready_adapter(seed=1)
+fresh = open_run(framework, recipe, seed=1).adapter
 fresh.load_optimizer_state(state)
 saved |= {f"optimizer.{name}": array for name, array in state.items()}
 saved |= {f"restored.{name}": array for name, array in fresh.optimizer_state().items()}

@@ -10,16 +10,13 @@ PROBE = """
 import sys
 from pathlib import Path
 import numpy as np
-from hvd_train.adapters import create_adapter
 from hvd_train.data import load_data, take
-from hvd_train.models import build_model
 from hvd_train.recipe import load_recipe
+from hvd_train.run import open_run
 
 recipe = load_recipe("mnist_cnn").with_overrides({"backward_passes_per_step": 2})
 data = load_data(recipe, Path(sys.argv[1]))
-adapter = create_adapter("tensorflow")
-adapter.init()
-adapter.setup(build_model(recipe, adapter, seed=0), recipe)
+adapter = open_run("tensorflow", recipe, seed=0).adapter
 for step, size in enumerate([64, 48, 64]):
     batches = [take(data.train, np.arange(size) + 100 * i) for i in range(2)]
     adapter.train_step(batches, 0.001, step, np.zeros(2))

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_train.adapters import create_adapter, use_framework
+from hvd_train.adapters import use_framework
 from hvd_train.data import load_data, take
 from hvd_train.data.sharding import epoch_order, shard_steps
-from hvd_train.models import build_model
 from hvd_train.recipe import load_recipe
+from hvd_train.run import open_run, start
 
 framework, reference, data_dir, out_dir, steps = sys.argv[1:6]
 overrides = dict(item.split("=", 1) for item in sys.argv[6:])
@@ -24,12 +24,11 @@ out = Path(out_dir)
 use_framework(framework)
 layout = load_recipe(reference)  # how two ranks would split the data
 recipe = layout.with_overrides({key: json.loads(value) for key, value in overrides.items()})
-adapter = create_adapter(framework)
-adapter.init()
-adapter.setup(build_model(recipe, adapter, seed=100 + adapter.rank), recipe)  # a different start
-np.savez(out / f"init-{adapter.world_size}-{adapter.rank}.npz", **adapter.weights())
+adapter = start(framework)
+run = open_run(adapter, recipe, seed=100 + adapter.rank)  # a different start on each rank
+np.savez(out / f"init-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
 adapter.broadcast_state(include_optimizer=False)
-np.savez(out / f"broadcast-{adapter.world_size}-{adapter.rank}.npz", **adapter.weights())
+np.savez(out / f"broadcast-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
 
 data = load_data(recipe, Path(data_dir))
 order = epoch_order(len(data.train), seed=0, epoch=0)
@@ -42,7 +41,7 @@ for step in range(int(steps)):
         batches = [np.concatenate([*shards[0][step], *shards[1][step]])]
     taken = [take(data.train, batch) for batch in batches]
     adapter.train_step(taken, 0.01, step, np.zeros(2))
-np.savez(out / f"trained-{adapter.world_size}-{adapter.rank}.npz", **adapter.weights())
+np.savez(out / f"trained-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
 np.savez(out / f"optimizer-{adapter.world_size}-{adapter.rank}.npz", **adapter.optimizer_state())
 adapter.sync_buffers()
-np.savez(out / f"synced-{adapter.world_size}-{adapter.rank}.npz", **adapter.weights())
+np.savez(out / f"synced-{adapter.world_size}-{adapter.rank}.npz", **run.weights())

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hvd_train.adapters.base import Arrays
+from hvd_train.builders import Built, Layout
 from hvd_train.layers import Layer, Shape, input_shapes, same_padding
 
 # torch's name of a tensor -> the neutral name, by layer type.
@@ -86,42 +88,43 @@ def _module(layer: Layer, shape: Shape) -> nn.Module:
     raise ValueError(f"no torch module for {layer.type!r}")
 
 
-def build_layers(layers: tuple[Layer, ...], input_shape: Shape) -> nn.Sequential:
+def build_neutral(layers: tuple[Layer, ...], input_shape: Shape) -> Built:
+    """The neutral list as an `nn.Sequential`, with the layout that converts its state_dict."""
     shapes = input_shapes(layers, input_shape)
     modules = {str(i): _module(layer, shapes[i]) for i, layer in enumerate(layers[:-1])}
-    return nn.Sequential(OrderedDict(modules))
+    layout = Layout(
+        "neutral",
+        to_saved=lambda state: to_neutral(layers, state),
+        from_saved=lambda saved, current: from_neutral(layers, saved, current),
+    )
+    return Built(nn.Sequential(OrderedDict(modules)), layout)
 
 
-def to_neutral(layers: tuple[Layer, ...], state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """A state_dict of `build_layers`'s model in the neutral layout (batchnorm's step counter,
+def to_neutral(layers: tuple[Layer, ...], state: Arrays) -> Arrays:
+    """A state_dict of `build_neutral`'s model in the neutral layout (batchnorm's step counter,
     which Keras does not keep, is left out)."""
     arrays = {}
-    for name, tensor in state.items():
+    for name, array in state.items():
         index, kind = name.split(".")
         neutral = NEUTRAL_NAMES[layers[int(index)].type].get(kind)
         if neutral is None:
             continue
-        array = tensor.detach().cpu().numpy()
         if neutral == "kernel":
             array = array.transpose(2, 3, 1, 0) if array.ndim == 4 else array.T
-        arrays[f"layer{index}.{neutral}"] = array.copy(order="C")  # not a view of the model
+        arrays[f"layer{index}.{neutral}"] = np.ascontiguousarray(array)
     return arrays
 
 
-def from_neutral(
-    layers: tuple[Layer, ...], arrays: dict[str, np.ndarray], current: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
+def from_neutral(layers: tuple[Layer, ...], arrays: Arrays, current: Arrays) -> Arrays:
     """The inverse of `to_neutral`: a full state_dict, taking what the neutral layout lacks
     (batchnorm's step counter) from `current`."""
     state = {}
-    for name, tensor in current.items():
+    for name, array in current.items():
         index, kind = name.split(".")
         neutral = NEUTRAL_NAMES[layers[int(index)].type].get(kind)
-        if neutral is None:
-            state[name] = tensor
-            continue
-        array = arrays[f"layer{index}.{neutral}"]
-        if neutral == "kernel":
-            array = array.transpose(3, 2, 0, 1) if array.ndim == 4 else array.T
-        state[name] = torch.from_numpy(np.ascontiguousarray(array))
+        if neutral is not None:
+            array = arrays[f"layer{index}.{neutral}"]
+            if neutral == "kernel":
+                array = array.transpose(3, 2, 0, 1) if array.ndim == 4 else array.T
+        state[name] = np.ascontiguousarray(array)
     return state

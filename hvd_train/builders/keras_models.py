@@ -1,6 +1,6 @@
 """Keras 3 models, whichever backend runs them (TensorFlow, or torch for a Keras model trained
-under --framework torch): the neutral layer list as a Keras model, weights in the two layouts,
-and per-step dropout seeds.
+under --framework torch): the neutral layer list as a Keras model, its weights by index and
+by layer name, and per-step dropout seeds.
 
 Keras's own layouts (kernels (h, w, in, out) and (in, out), channels-last) are the neutral
 layout, so a neutral model's weights are its variables by layer and name. A user's Keras model
@@ -16,17 +16,26 @@ from typing import Any
 import keras
 import numpy as np
 
+from hvd_train.builders import Built, Layout
 from hvd_train.layers import Layer, Shape
 
 SEED_STATE = "seed_generator_state"
 
 
-def build_layers(layers: tuple[Layer, ...], input_shape: Shape) -> keras.Model:
+def build_neutral(layers: tuple[Layer, ...], input_shape: Shape) -> Built:
     """The neutral list as a Keras model, layer i named `layer<i>`; the final softmax is left
-    to the loss (cross-entropy on logits is the numerically stable form)."""
+    to the loss (cross-entropy on logits is the numerically stable form). Its layout renames
+    the weights from their index to their layer's name."""
     stack: list[Any] = [keras.Input(input_shape)]
     stack += [_layer(layer, f"layer{index}") for index, layer in enumerate(layers[:-1])]
-    return keras.Sequential(stack, name="model")
+    model = keras.Sequential(stack, name="model")
+    names = dict(zip(weight_names(model), neutral_names(model), strict=True))
+    layout = Layout(
+        "neutral",
+        to_saved=lambda weights: {names[name]: array for name, array in weights.items()},
+        from_saved=lambda saved, current: {name: saved[names[name]] for name in current},
+    )
+    return Built(model, layout)
 
 
 def _layer(layer: Layer, name: str) -> keras.layers.Layer:
@@ -58,24 +67,26 @@ def _layer(layer: Layer, name: str) -> keras.layers.Layer:
     raise ValueError(f"no Keras layer for {layer.type!r}")
 
 
-def weight_names(model: keras.Model, layout: str) -> list[str]:
-    """The checkpoint names of `model.weights`, in order, for the "neutral" or "keras" layout."""
-    if layout == "neutral":
-        return [f"{v.path.split('/')[-2]}.{v.name}" for v in model.weights]
+def weight_names(model: keras.Model) -> list[str]:
+    """The names of `model.weights`, in order: `<index>.<name>`, the "keras" layout's."""
     return [f"{index:04d}.{v.name}" for index, v in enumerate(model.weights)]
 
 
-def weights(model: keras.Model, layout: str) -> dict[str, np.ndarray]:
-    names = weight_names(model, layout)
+def neutral_names(model: keras.Model) -> list[str]:
+    """The neutral names of a neutral model's weights: `layer<i>.<name>`."""
+    return [f"{v.path.split('/')[-2]}.{v.name}" for v in model.weights]
+
+
+def weights(model: keras.Model) -> dict[str, np.ndarray]:
     return {
         n: np.asarray(keras.ops.convert_to_numpy(v))
-        for n, v in zip(names, model.weights, strict=True)
+        for n, v in zip(weight_names(model), model.weights, strict=True)
     }
 
 
-def load_weights(model: keras.Model, layout: str, arrays: dict[str, np.ndarray]) -> None:
+def load_weights(model: keras.Model, arrays: dict[str, np.ndarray]) -> None:
     """Assigns every weight; the names must be exactly the model's (checked by the caller)."""
-    names = weight_names(model, layout)
+    names = weight_names(model)
     if set(names) != set(arrays):
         raise ValueError(f"weights {sorted(set(names) ^ set(arrays))} do not match the model")
     for name, variable in zip(names, model.weights, strict=True):

@@ -1,0 +1,49 @@
+"""The start of every run (training, eval, bench, the benchmarks and the tests): the framework's
+adapter with Horovod initialised, then the recipe's model built and handed to it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hvd_train.adapters import Adapter, Arrays, create_adapter
+from hvd_train.builders import Layout, build_model
+from hvd_train.checkpoint import Checkpoint, check_layout, check_weights_fit
+from hvd_train.recipe import Recipe
+
+
+def start(framework: str) -> Adapter:
+    """`framework`'s adapter, with Horovod initialised and this process pinned to its device."""
+    adapter = create_adapter(framework)
+    adapter.init()
+    return adapter
+
+
+@dataclass(frozen=True)
+class Run:
+    """A recipe's model, set up on a started adapter, and how checkpoints hold its weights."""
+
+    adapter: Adapter
+    recipe: Recipe
+    layout: Layout
+
+    def weights(self) -> Arrays:
+        """The model's weights as checkpoints hold them."""
+        return self.layout.to_saved(self.adapter.weights())
+
+    def load_weights(self, checkpoint: Checkpoint, remedy: str) -> None:
+        """Loads `checkpoint`'s weights, once they are known to fit this model; `remedy` is
+        what the message of a checkpoint of another model tells the user to do."""
+        check_layout(checkpoint, self.adapter.name, self.layout.name)
+        check_weights_fit(checkpoint, self.weights(), remedy)
+        self.adapter.load_weights(
+            self.layout.from_saved(checkpoint.weights, self.adapter.weights())
+        )
+
+
+def open_run(framework: str | Adapter, recipe: Recipe, seed: int) -> Run:
+    """`recipe`'s model, built from `seed`, set up on `framework`'s adapter (started here, or
+    already started when the recipe had to be read with its collectives)."""
+    adapter = start(framework) if isinstance(framework, str) else framework
+    built = build_model(recipe, adapter.name, seed)
+    adapter.setup(built.model, recipe.optimizer, recipe.loss, recipe.horovod)
+    return Run(adapter, recipe, built.layout)
