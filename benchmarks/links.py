@@ -25,7 +25,7 @@ from typing import Any
 
 from benchmarks.hosts import HOSTS, Hosts, cannot_make_hosts, shape, two_hosts
 from benchmarks.run import BIN, PYTHON, machine, results
-from hvd_train.bench import projected_efficiency
+from hvd_train.commands.bench import projected_efficiency
 
 TOLERANCE = 0.15  # how far a projection may be from the shaped runs' figure
 

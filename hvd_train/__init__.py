@@ -7,11 +7,10 @@ In a Python recipe or a notebook:
     summary = launch(recipe, np=2)
 """
 
-__version__ = "0.2.0"
-
 from hvd_train.api import launch, train
 from hvd_train.layers import Layer
 from hvd_train.recipe import Data, Horovod, Optimizer, Recipe, Schedule
+from hvd_train.version import __version__
 
 __all__ = [
     "Data",

@@ -16,13 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvd_train import __version__
 from hvd_train.adapters import Adapter, Elastic, use_framework
 from hvd_train.checkpoint import Checkpoint, checkpoints, remove_partial
 from hvd_train.data import Splits, load_data
 from hvd_train.errors import UsageError
+from hvd_train.hooks import default_hooks
+from hvd_train.metrics import MetricsWriter, write_summary
 from hvd_train.options import RunOptions
-from hvd_train.progress import Position
+from hvd_train.plot import plot_runs
+from hvd_train.position import Position
 from hvd_train.recipe import Recipe, load_recipe
 from hvd_train.resume import (
     check_same_run,
@@ -31,8 +33,10 @@ from hvd_train.resume import (
     saved_framework,
     saved_recipe,
 )
-from hvd_train.run import open_run, start
+from hvd_train.run import Run, open_run, start
+from hvd_train.snapshots import Snapshots
 from hvd_train.trainer import Trainer
+from hvd_train.version import __version__
 
 DEFAULT_RECIPE, DEFAULT_FRAMEWORK, DEFAULT_SEED = "mnist_cnn", "torch", 42
 
@@ -135,15 +139,33 @@ def train_on_rank(
     """One training job on this rank, once Horovod is initialised; `checkpoint` (on rank 0)
     is where a resumed run starts."""
     if options.elastic:
-        return train_elastic(adapter, recipe, options, checkpoint)
-    data = load_data_on_every_rank(adapter, recipe, options)
-    adapter.on_rank_zero(lambda: prepare_output_dir(output_dir(options), options.resume))
-    trainer = Trainer(open_run(adapter, recipe, seed(options)), data, options)
-    begin_at = Position(0, 0)
-    if options.resume:
-        begin_at = adapter.on_rank_zero(lambda: trainer.load_snapshot(checkpoint))  # type: ignore[arg-type]
-    adapter.broadcast_state(include_optimizer=options.resume)
-    return trainer.fit(begin_at)
+        summary = train_elastic(adapter, recipe, options, checkpoint)
+    else:
+        data = load_data_on_every_rank(adapter, recipe, options)
+        adapter.on_rank_zero(lambda: prepare_output_dir(output_dir(options), options.resume))
+        trainer = new_trainer(open_run(adapter, recipe, seed(options)), data, options)
+        begin_at = Position(0, 0)
+        if options.resume:
+            begin_at = adapter.on_rank_zero(lambda: trainer.load_snapshot(checkpoint))  # type: ignore[arg-type]
+        adapter.broadcast_state(include_optimizer=options.resume)
+        summary = trainer.fit(begin_at)
+    adapter.on_rank_zero(lambda: finish(output_dir(options), summary))
+    return summary
+
+
+def new_trainer(run: Run, data: Splits, options: RunOptions) -> Trainer:
+    """A trainer with its collaborators: the records, the snapshots, the hooks."""
+    folder = output_dir(options)
+    metrics = MetricsWriter(folder, len(data.train))
+    snapshots = Snapshots(run, folder / "checkpoints", seed(options), options.limit_steps,
+                          options.keep_checkpoints)  # fmt: skip
+    return Trainer(run, data, options, snapshots, metrics, default_hooks(options))
+
+
+def finish(folder: Path, summary: dict[str, Any]) -> None:
+    """Rank 0 writes summary.json and draws the run's curves.png."""
+    write_summary(folder, summary)
+    plot_runs([folder], folder / "curves.png")
 
 
 def train_elastic(
@@ -154,7 +176,7 @@ def train_elastic(
     in the loop, and a collective there would never be matched. The job's start (the ranks'
     agreement, the output folder, the resumed position) happens once, inside the loop."""
     data = load_data(recipe, options.data_dir)
-    trainer = Trainer(open_run(adapter, recipe, seed(options)), data, options)
+    trainer = new_trainer(open_run(adapter, recipe, seed(options)), data, options)
 
     def begin() -> Position:
         check_ranks_agree(adapter, None, run_facts(adapter, recipe, options, data))

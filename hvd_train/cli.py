@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hvd_train import __version__
 from hvd_train.adapters import ADAPTERS
 from hvd_train.errors import ReplicasDiverged, Stopped, UsageError
 from hvd_train.options import TRAIN_OPTIONS, add_arguments
 from hvd_train.rules import Rule
+from hvd_train.version import __version__
 
 
 class Parser(argparse.ArgumentParser):
@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from hvd_train.doctor import run_doctor as check
+    from hvd_train.commands.doctor import run_doctor as check
 
     checks = check(args.data_dir, args.hosts, args.ssh_identity_file)
     for item in checks:
@@ -224,7 +224,7 @@ def run_show_recipe(args: argparse.Namespace) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     from hvd_train.api import DEFAULT_FRAMEWORK
-    from hvd_train.evaluation import evaluate_checkpoint
+    from hvd_train.commands.evaluate import evaluate_checkpoint
 
     framework = args.framework or DEFAULT_FRAMEWORK
     result = evaluate_checkpoint(args.checkpoint, framework, args.data_dir, args.recipe)
@@ -242,8 +242,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     from hvd_train.api import DEFAULT_FRAMEWORK
-    from hvd_train.bench import run_bench as bench
-    from hvd_train.bench import table
+    from hvd_train.commands.bench import run_bench as bench
+    from hvd_train.commands.bench import table
 
     framework = args.framework or DEFAULT_FRAMEWORK
     figures = bench(args.recipe, framework, overrides(args), args.steps, args.warmup,

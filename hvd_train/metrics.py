@@ -98,17 +98,16 @@ class MetricsWriter:
         except (OSError, ValueError) as error:
             raise UsageError(f"cannot rewrite {self.path} ({error}); move it aside") from None
 
-    def summary(self, summary: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        self.close()
-        path = self.path.with_name("summary.json")
-        try:
-            path.write_text(json.dumps(summary, indent=2) + "\n")
-        except OSError as error:
-            raise UsageError(write_error(path, error)) from None
-
     def close(self) -> None:
         if self.board is not None:
             self.board.close()
             self.board = None
+
+
+def write_summary(output_dir: Path, summary: dict[str, Any]) -> None:
+    """summary.json, the run's figures at its end."""
+    path = output_dir / "summary.json"
+    try:
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+    except OSError as error:
+        raise UsageError(write_error(path, error)) from None

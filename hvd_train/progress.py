@@ -1,52 +1,46 @@
-"""Where training stands, and the arithmetic between steps, samples and epochs.
-
-A position is world-size-free when counted in samples: checkpoint names, resume and the elastic
-state use samples, and each world size turns them back into steps.
-"""
+"""Progress on rank 0: a progress bar in a terminal; elsewhere (a file, a pipe, horovodrun's
+prefixed output, Slurm, CI) a plain line at every tenth of the epoch, or every minute if that
+comes first, since a bar's carriage returns turn into fragments there."""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+import time
 
-from hvd_train.data.sharding import steps_per_epoch
-from hvd_train.recipe import Horovod, Schedule
+from tqdm import tqdm
 
-
-@dataclass(frozen=True)
-class Position:
-    """`step` steps into epoch `epoch` (both counted from 0)."""
-
-    epoch: int
-    step: int
+LINE_SECONDS = 60.0  # at most between plain lines
 
 
-@dataclass(frozen=True)
-class Progress:
-    """How steps map to samples for one world size."""
+class EpochProgress:
+    """Progress through one epoch's steps `first` .. `total`."""
 
-    steps_per_epoch: int
-    global_batch: int  # samples per step, across all ranks
+    def __init__(self, label: str, first: int, total: int, enabled: bool) -> None:
+        self.label, self.total, self.enabled = label, total, enabled
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            self.bar = tqdm(initial=first, total=total, desc=label, unit="step", leave=False,
+                            mininterval=0.5)  # fmt: skip
+        self.last_line, self.last_step, self.every = time.monotonic(), first, max(1, total // 10)
+        self.figures = ""
 
-    @classmethod
-    def for_world(
-        cls, train_size: int, world_size: int, schedule: Schedule, horovod: Horovod,
-        limit_steps: int | None,
-    ) -> Progress:  # fmt: skip
-        """Steps of `horovod.backward_passes_per_step` batches of `schedule.batch_size` on each
-        of `world_size` ranks; `limit_steps` caps the steps per epoch (smoke runs)."""
-        passes = horovod.backward_passes_per_step
-        steps = steps_per_epoch(train_size, world_size, schedule.batch_size, passes)
-        global_batch = schedule.batch_size * world_size * passes
-        return cls(min(steps, limit_steps or sys.maxsize), global_batch)
+    def step(self, done: int) -> None:
+        """Step `done` (1-based) of the epoch is finished."""
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.enabled and (
+            done - self.last_step >= self.every or time.monotonic() - self.last_line >= LINE_SECONDS
+        ):
+            self.last_line, self.last_step = time.monotonic(), done
+            figures = f", {self.figures}" if self.figures else ""
+            print(f"{self.label}: step {done}/{self.total}{figures}", file=sys.stderr, flush=True)
 
-    def samples(self, position: Position) -> int:
-        """Training samples consumed, across all ranks, in the epoch of `position`."""
-        return position.step * self.global_batch
+    def show(self, **figures: str) -> None:
+        """The latest figures (loss, learning rate, ...), shown with the progress."""
+        self.figures = ", ".join(f"{name} {value}" for name, value in figures.items())
+        if self.bar is not None:
+            self.bar.set_postfix(figures)
 
-    def position_at(self, epoch: int, samples: int) -> Position:
-        """Where `samples` into `epoch` falls with this world size (it may have changed)."""
-        return Position(epoch, min(samples // self.global_batch, self.steps_per_epoch))
-
-    def global_step(self, position: Position) -> int:
-        return position.epoch * self.steps_per_epoch + position.step
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,8 +1,8 @@
-"""What a resumed run takes from its checkpoint: the recipe as it trained (overrides
-included), the seed, and by default the framework. The user types only `--resume
---output-dir`; a flag that contradicts the checkpoint is refused, naming the difference, except
-the safe changes: more epochs, another world size, and how the run is watched (logging,
-checkpoint frequency).
+"""What a resumed run takes from its checkpoint, and every check that the checkpoint fits: the
+recipe as it trained (overrides included), the seed, and by default the framework. The user
+types only `--resume --output-dir`; a flag that contradicts the checkpoint is refused, naming
+the difference, except the safe changes: more epochs, another world size, and how the run is
+watched (logging, checkpoint frequency). `eval` checks its checkpoint here too.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from hvd_train.adapters import Adapter
+from hvd_train.adapters import Adapter, Arrays
 from hvd_train.checkpoint import Checkpoint, checkpoints, load_newest_valid
 from hvd_train.errors import UsageError
+from hvd_train.position import Position
 from hvd_train.recipe import Recipe, load_recipe
 from hvd_train.recipe.toml import parse_toml_recipe
 
@@ -113,3 +114,63 @@ def resumed_option(state: dict[str, Any], flag: str, given: Any) -> Any:
             "out to continue the run with its own"
         )
     return saved
+
+
+def _describe(arrays: Arrays) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(array.shape) for name, array in arrays.items()}
+
+
+def check_weights_fit(checkpoint: Checkpoint, weights: Arrays, remedy: str) -> None:
+    """The checkpoint holds exactly the tensors of `weights` (the model's), shape for shape."""
+    saved, wanted = _describe(checkpoint.weights), _describe(weights)
+    if saved == wanted:
+        return
+    name = next(iter(sorted(set(saved) ^ set(wanted)) or
+                     [n for n in wanted if saved[n] != wanted[n]]))  # fmt: skip
+    there, here = saved.get(name, "absent"), wanted.get(name, "absent")
+    raise UsageError(
+        f"checkpoint {checkpoint.path} was written for another model (recipe "
+        f"{checkpoint.state['recipe']!r}; {name}: {there} there, {here} here); {remedy}"
+    )
+
+
+def check_layout(checkpoint: Checkpoint, framework: str, layout: str) -> None:
+    """Weights in a model's own layout load only into that model under that framework; the
+    neutral layout of TOML recipes loads under either."""
+    state = checkpoint.state
+    if state["layout"] == layout and (layout != "torch" or state["framework"] == framework):
+        return
+    if state["layout"] == "neutral" or layout == "neutral":
+        raise UsageError(
+            f"checkpoint {checkpoint.path} holds {state['layout']} weights (recipe "
+            f"{state['recipe']!r}), and this recipe's model keeps {layout} weights; use the "
+            "recipe that wrote it"
+        )
+    raise UsageError(
+        f"checkpoint {checkpoint.path} holds the {state['layout']} weights of Python recipe "
+        f"{state['recipe']!r}, written under {state['framework']}; use --framework "
+        f"{state['framework']} (only neutral TOML recipes move between frameworks)"
+    )
+
+
+def check_continues(checkpoint: Checkpoint, framework: str, position: Position, epochs: int,
+                    output_dir: Path) -> None:  # fmt: skip
+    """A run resumes in the framework that wrote its optimizer state, and only to train on."""
+    written_by = checkpoint.state["framework"]
+    if written_by != framework:  # the optimizer's state is the framework's own
+        raise UsageError(
+            f"checkpoint {checkpoint.path} was written by {written_by}; "
+            f"resume it with --framework {written_by}"
+        )
+    if position.epoch >= epochs:
+        raise UsageError(
+            f"the run in {output_dir} already finished {position.epoch} "
+            "epochs; raise --epochs to train further"
+        )
+
+
+def optimizer_misfit(checkpoint: Checkpoint, error: Exception) -> UsageError:
+    return UsageError(
+        f"checkpoint {checkpoint.path}'s optimizer state does not fit this optimizer "
+        f"({error}); resume with the recipe that wrote it"
+    )

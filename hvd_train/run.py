@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from hvd_train.adapters import Adapter, Arrays, create_adapter
 from hvd_train.builders import Layout, build_model
-from hvd_train.checkpoint import Checkpoint, check_layout, check_weights_fit
+from hvd_train.checkpoint import Checkpoint
 from hvd_train.recipe import Recipe
+from hvd_train.resume import check_layout, check_weights_fit
 
 
 def start(framework: str) -> Adapter:

@@ -18,7 +18,7 @@ def python(code: str) -> subprocess.CompletedProcess:
 
 def test_the_package_imports_no_framework():
     code = (
-        "import sys, hvd_train.cli, hvd_train.trainer, hvd_train.evaluation\n"
+        "import sys, hvd_train.cli, hvd_train.trainer, hvd_train.commands.evaluate\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'tensorflow', 'keras', "
         "'horovod'}))"
     )

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hvd_train.bench import RankTimes, projected_efficiency, report
+from hvd_train.commands.bench import RankTimes, projected_efficiency, report
 from tests.conftest import FRAMEWORKS
 from tests.multiprocess.conftest import alone, horovodrun
 

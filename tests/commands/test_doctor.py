@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from hvd_train.doctor import data_check
+from hvd_train.commands.doctor import data_check
 
 
 def doctor(*arguments: str) -> subprocess.CompletedProcess:

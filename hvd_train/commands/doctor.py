@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from hvd_train import __version__
 from hvd_train.data.mnist import FILES, cache_dir, given_data_dir, verified_idx
 from hvd_train.errors import UsageError
+from hvd_train.version import __version__
 
 PACKAGES = ("hvd_train", "horovod", "torch", "tensorflow", "tensorflow-cpu", "keras")
 LOCAL_NAMES = {"localhost", "127.0.0.1", platform.node()}

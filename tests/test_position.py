@@ -1,12 +1,12 @@
-from hvd_train.progress import Position, Progress
+from hvd_train.position import EpochPlan, Position
 from hvd_train.recipe import Horovod, Schedule
 
 BATCH = Schedule(batch_size=64)
 
 
 def test_positions_survive_a_change_of_world_size_in_samples():
-    two = Progress.for_world(60000, 2, BATCH, Horovod(), limit_steps=None)
-    one = Progress.for_world(60000, 1, BATCH, Horovod(), limit_steps=None)
+    two = EpochPlan.for_world(60000, 2, BATCH, Horovod(), limit_steps=None)
+    one = EpochPlan.for_world(60000, 1, BATCH, Horovod(), limit_steps=None)
     assert (two.steps_per_epoch, two.global_batch) == (469, 128)
     middle = Position(epoch=1, step=100)
     assert two.samples(middle) == 12800 and two.global_step(middle) == 569
@@ -15,9 +15,9 @@ def test_positions_survive_a_change_of_world_size_in_samples():
 
 
 def test_limit_steps_caps_the_epoch():
-    assert Progress.for_world(60000, 2, BATCH, Horovod(), limit_steps=40).steps_per_epoch == 40
+    assert EpochPlan.for_world(60000, 2, BATCH, Horovod(), limit_steps=40).steps_per_epoch == 40
 
 
 def test_accumulated_passes_count_in_the_global_batch():
-    two_passes = Progress.for_world(60000, 2, BATCH, Horovod(backward_passes_per_step=2), None)
+    two_passes = EpochPlan.for_world(60000, 2, BATCH, Horovod(backward_passes_per_step=2), None)
     assert (two_passes.steps_per_epoch, two_passes.global_batch) == (235, 256)

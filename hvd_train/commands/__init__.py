@@ -1,0 +1,1 @@
+"""The commands besides training: eval, bench, doctor."""

@@ -1,0 +1,77 @@
+"""A run's checkpoints as the loop sees them: rank 0 saves a snapshot of a position (model,
+optimizer, where the run stands) and loads one back to resume. The files themselves are
+`checkpoint.py`'s; whether a checkpoint fits this run is `resume.py`'s to say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hvd_train.checkpoint import Checkpoint, checkpoint_name, save_checkpoint
+from hvd_train.position import EpochPlan, Position
+from hvd_train.recipe.toml import recipe_toml
+from hvd_train.resume import check_continues, optimizer_misfit
+from hvd_train.run import Run
+from hvd_train.schedule import LearningRateSchedule
+from hvd_train.version import __version__
+
+
+class Snapshots:
+    def __init__(self, run: Run, directory: Path, seed: int, limit_steps: int | None,
+                 keep: int) -> None:  # fmt: skip
+        self.run, self.directory, self.keep = run, directory, keep
+        self.seed, self.limit_steps = seed, limit_steps
+
+    def save(self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule) -> None:
+        """Rank 0 writes a checkpoint of `position`. A failed write stops every rank with its
+        message."""
+        adapter = self.run.adapter
+        state = self.state(position, plan, schedule)
+        adapter.on_rank_zero(
+            lambda: save_checkpoint(
+                self.directory, checkpoint_name(position.epoch, plan.samples(position)),
+                self.run.weights(), adapter.optimizer_state(), state,
+                recipe_toml(self.run.recipe), self.keep,
+            )
+        )  # fmt: skip
+
+    def state(
+        self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule
+    ) -> dict[str, Any]:
+        """What state.json records of `position`, beside the tensors."""
+        recipe, adapter = self.run.recipe, self.run.adapter
+        return {
+            "epoch": position.epoch,
+            "step_in_epoch": position.step,
+            "samples_in_epoch": plan.samples(position),
+            "global_step": plan.global_step(position),
+            "seed": self.seed,
+            "limit_steps": self.limit_steps,
+            "world_size": adapter.world_size,
+            "global_batch_size": plan.global_batch,
+            "learning_rate": {
+                "base": schedule.base,
+                "peak": schedule.peak,
+                "scaling": recipe.schedule.lr_scaling,
+            },
+            "recipe": recipe.name,
+            "recipe_source": recipe.source,
+            "recipe_hash": recipe.recipe_hash(),
+            "layout": self.run.layout.name,
+            "framework": adapter.name,
+            "hvd_train_version": __version__,
+        }
+
+    def load(self, checkpoint: Checkpoint, plan: EpochPlan) -> Position:
+        """Loads `checkpoint` into rank 0's model and optimizer; where it stands."""
+        state, adapter = checkpoint.state, self.run.adapter
+        position = plan.position_at(state["epoch"], state["samples_in_epoch"])
+        self.run.load_weights(checkpoint, "resume with that recipe or choose another --output-dir")
+        check_continues(checkpoint, adapter.name, position, self.run.recipe.schedule.epochs,
+                        self.directory.parent)  # fmt: skip
+        try:
+            adapter.load_optimizer_state(checkpoint.optimizer)
+        except (ValueError, KeyError, RuntimeError) as error:
+            raise optimizer_misfit(checkpoint, error) from None
+        print(f"hvd-train: resuming from {checkpoint.path}", flush=True)
+        return position
