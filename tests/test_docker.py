@@ -23,18 +23,34 @@ def test_images_build_horovod_with_the_project_script_and_run_the_cli(name):
     assert final.rstrip().endswith('CMD ["python", "-m", "hvd_train"]')
 
 
-def test_compose_starts_a_launcher_and_two_workers_that_train_across_them():
+def stub(folder, name, body='echo "$(basename "$0") $*" >> "$STUB_LOG"'):
+    """An executable `name` in `folder` that records how it was called."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def test_compose_starts_a_launcher_and_two_workers_that_train_across_them(tmp_path):
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     services = compose["services"]
     assert set(services) == {"keys", "worker1", "worker2", "launcher"}
-    launcher = " ".join(services["launcher"]["command"])
-    assert "horovodrun -np 2 --gloo -H worker1:1,worker2:1" in launcher
-    assert "export HVD_TRAIN_THREADS=" in launcher  # the workers share this machine
-    assert "python -m hvd_train --recipe mnist_cnn" in launcher
     for name in ("worker1", "worker2", "launcher"):
         assert services[name]["environment"]["HVD_TRAIN_SSH_KEYS"] == "/keys"
         # Rank 0 runs on a worker: the run folder must be the host's there too.
         assert "${HVD_TRAIN_RUNS:-../runs}:/opt/hvd_train/runs" in services[name]["volumes"]
+    # The launcher's command, run with ssh, nproc and horovodrun standing in ($$ is Compose's $).
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    stub(bin_dir, "ssh", "exit 0")
+    stub(bin_dir, "nproc", "echo 4")
+    stub(bin_dir, "horovodrun", 'echo "threads=$HVD_TRAIN_THREADS $*" >> "$STUB_LOG"')
+    command = [part.replace("$$", "$") for part in services["launcher"]["command"]]
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_LOG": str(log)}
+    subprocess.run(command, env=env, check=True, timeout=30)
+    assert log.read_text() == (
+        "threads=2 -np 2 --gloo -H worker1:1,worker2:1 python -m hvd_train --recipe mnist_cnn "
+        "--framework torch\n"
+    )
 
 
 def test_mpijob_runs_the_recipe_with_horovodrun_on_the_operators_hostfile():
@@ -47,12 +63,22 @@ def test_mpijob_runs_the_recipe_with_horovodrun_on_the_operators_hostfile():
     assert specs["Worker"]["replicas"] == 2
 
 
-def test_slurm_script_is_valid_bash_using_horovodrun_across_the_allocation():
-    script = DOCKER / "slurm.sbatch"
-    subprocess.run(["bash", "-n", str(script)], check=True)
-    text = script.read_text()
-    assert (
-        "scontrol show hostnames" in text and 'horovodrun -np "$SLURM_NTASKS" -H "$hosts"' in text
+def test_slurm_script_runs_horovodrun_across_the_allocation(tmp_path):
+    """The batch script, run as Slurm would run it on a two-node allocation, with scontrol,
+    hvd-train and horovodrun standing in: one -H entry per node, every task a rank."""
+    log = tmp_path / "calls"
+    stub(tmp_path / "bin", "scontrol", 'echo "node-a\nnode-b"')
+    for name in ("hvd-train", "horovodrun"):
+        stub(tmp_path / ".venv" / "bin", name)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "STUB_LOG": str(log),
+           "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "node-[a-b]",
+           "SLURM_NTASKS_PER_NODE": "4", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "17"}  # fmt: skip
+    subprocess.run(["bash", str(DOCKER / "slurm.sbatch")], env=env, check=True, timeout=30)
+    doctor, launch = log.read_text().splitlines()
+    assert doctor == "hvd-train doctor -H node-a:4,node-b:4"
+    assert launch == (
+        "horovodrun -np 8 -H node-a:4,node-b:4 .venv/bin/python -m hvd_train "
+        "--recipe mnist_cnn --framework torch --output-dir runs/slurm-17"
     )
 
 

@@ -1,5 +1,6 @@
 import pytest
 
+from hvd_train.errors import UsageError
 from hvd_train.layers import Layer, checked_layer, output_shape, same_padding
 
 
@@ -32,5 +33,5 @@ def test_output_shapes(layer, shape, out):
 def test_a_python_layer_gets_its_defaults_checked():
     layer = checked_layer(Layer("batchnorm", {"momentum": 0.5}), "model.layers[2]")
     assert layer.params == {"momentum": 0.5, "epsilon": 1e-5}
-    with pytest.raises(Exception, match=r"model.layers\[2\].momentum: 1.0 is out of range"):
+    with pytest.raises(UsageError, match=r"model.layers\[2\].momentum: 1.0 is out of range"):
         checked_layer(Layer("batchnorm", {"momentum": 1.0}), "model.layers[2]")

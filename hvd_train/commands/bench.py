@@ -28,7 +28,7 @@ from hvd_train.api import DEFAULT_RECIPE, resolve_recipe, with_overrides
 from hvd_train.data import Splits, load_data, take
 from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Data
+from hvd_train.recipe import Data, Recipe
 from hvd_train.run import open_run, start
 
 ALLREDUCE_REPEATS = 20
@@ -158,6 +158,22 @@ def table(figures: dict[str, Any], title: str) -> str:
     ])  # fmt: skip
 
 
+def bench_recipe(
+    reference: str | None, framework: str, overrides: dict[str, Any], synthetic: bool
+) -> Recipe:
+    """The recipe to time; with `synthetic`, on generated data of its shape."""
+    recipe = with_overrides(resolve_recipe(reference or DEFAULT_RECIPE, framework), overrides)
+    if synthetic:
+        if not isinstance(recipe.data, Data):
+            raise UsageError("--synthetic needs a recipe whose data is a Data(...) table")
+        fake = Data(
+            "synthetic", input_shape=recipe.data.input_shape, num_classes=recipe.data.num_classes
+        )
+        recipe = dataclasses.replace(recipe, data=fake)
+    recipe.check_framework(framework)
+    return recipe
+
+
 def run_bench(
     recipe_reference: str | None,
     framework: str,
@@ -170,17 +186,7 @@ def run_bench(
 ) -> dict[str, Any] | None:
     """Times the recipe on this rank (alone or as one of horovodrun's); the figures on rank 0,
     None on the others."""
-    recipe = with_overrides(
-        resolve_recipe(recipe_reference or DEFAULT_RECIPE, framework), overrides
-    )
-    if synthetic:
-        if not isinstance(recipe.data, Data):
-            raise UsageError("--synthetic needs a recipe whose data is a Data(...) table")
-        fake = Data(
-            "synthetic", input_shape=recipe.data.input_shape, num_classes=recipe.data.num_classes
-        )
-        recipe = dataclasses.replace(recipe, data=fake)
-    recipe.check_framework(framework)
+    recipe = bench_recipe(recipe_reference, framework, overrides, synthetic)
     adapter = start(framework)
     if links and adapter.world_size == 1:
         raise UsageError("--links projects from a measured exchange, and alone there is none: "

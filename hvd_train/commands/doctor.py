@@ -139,8 +139,8 @@ def gpu_check() -> Check:
     return Check("gpus", True, f"{len(gpus)} visible" + "".join(f"\n       {g}" for g in gpus))
 
 
-def host_checks(host: str, versions: dict[str, str], identity: Path | None) -> list[Check]:
-    """SSH without a password, the same Python path, the same versions, a routable name."""
+def probe_host(host: str, identity: Path | None) -> subprocess.CompletedProcess[str]:
+    """This Python, run on `host` over SSH, printing its package versions, name and address."""
     probe = (
         "import json, socket\nfrom importlib import metadata\nversions = {}\n"
         f"for p in {PACKAGES!r}:\n    try: versions[p] = metadata.version(p)\n"
@@ -149,7 +149,12 @@ def host_checks(host: str, versions: dict[str, str], identity: Path | None) -> l
     )
     remote = f"{shlex.quote(sys.executable)} -c {shlex.quote(probe)}"
     ssh = [*SSH, "-i", str(identity)] if identity else SSH
-    result = subprocess.run([*ssh, host, remote], capture_output=True, text=True, timeout=60)
+    return subprocess.run([*ssh, host, remote], capture_output=True, text=True, timeout=60)
+
+
+def host_checks(host: str, versions: dict[str, str], identity: Path | None) -> list[Check]:
+    """SSH without a password, the same Python path, the same versions, a routable name."""
+    result = probe_host(host, identity)
     if result.returncode == 255:
         detail = (result.stderr.strip().splitlines() or ["ssh failed"])[-1]
         fix = (

@@ -1,0 +1,84 @@
+"""resume.py: what a resumed run takes from its checkpoint, and every check that a checkpoint
+fits the run (or the eval) it is given to."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvd_train.checkpoint import Checkpoint, checkpoint_name
+from hvd_train.errors import UsageError
+from hvd_train.position import Position
+from hvd_train.recipe import load_recipe
+from hvd_train.resume import (
+    check_continues,
+    check_layout,
+    check_same_run,
+    check_weights_fit,
+    resumed_option,
+    saved_framework,
+)
+
+WEIGHTS = {"layer0.kernel": np.zeros((3, 3, 1, 8), np.float32), "layer0.bias": np.zeros(8)}
+
+
+def checkpoint(layout="neutral", framework="torch", weights=WEIGHTS) -> Checkpoint:
+    state = {"layout": layout, "framework": framework, "recipe": "mine", "path": "ckpt"}
+    return Checkpoint(Path("run/checkpoints/epoch-1"), weights, {}, state, "")
+
+
+def test_the_framework_to_resume_with_is_the_newest_checkpoints(tmp_path):
+    assert saved_framework(tmp_path) is None  # no run there: the default framework applies
+    for epoch, framework in ((1, "torch"), (2, "tensorflow")):
+        folder = tmp_path / "checkpoints" / checkpoint_name(epoch, 0)
+        folder.mkdir(parents=True)
+        (folder / "state.json").write_text(json.dumps({"framework": framework}))
+    assert saved_framework(tmp_path) == "tensorflow"
+    (tmp_path / "checkpoints" / checkpoint_name(2, 0) / "state.json").write_text("{")
+    assert saved_framework(tmp_path) is None  # unreadable: the checkpoint's check says why
+
+
+def test_only_more_epochs_may_differ_from_the_checkpoints_recipe():
+    saved = load_recipe("mnist_cnn")
+    check_same_run(saved, saved.with_overrides({"epochs": 9}), "ckpt")
+    with pytest.raises(UsageError, match=r"^--resume: optimizer.learning_rate is 0.5 here but "):
+        check_same_run(saved, saved.with_overrides({"learning_rate": 0.5}), "ckpt")
+
+
+def test_a_resumed_option_is_the_runs_own_unless_contradicted():
+    state = {"seed": 7, "limit_steps": None, "path": "ckpt"}
+    assert resumed_option(state, "--seed", None) == 7
+    assert resumed_option(state, "--seed", 7) == 7
+    assert resumed_option(state, "--limit-steps", None) is None
+    with pytest.raises(UsageError, match=r"--seed 8 differs from the run's 7 \(checkpoint ckpt\)"):
+        resumed_option(state, "--seed", 8)
+    with pytest.raises(UsageError, match="--limit-steps 5 differs from the run's none"):
+        resumed_option(state, "--limit-steps", 5)
+
+
+def test_weights_must_fit_name_for_name_and_shape_for_shape():
+    check_weights_fit(checkpoint(), dict(WEIGHTS), "use the recipe")
+    fewer = {"layer0.kernel": WEIGHTS["layer0.kernel"]}
+    with pytest.raises(UsageError, match=r"layer0.bias: \(8,\) there, absent here\); use the rec"):
+        check_weights_fit(checkpoint(), fewer, "use the recipe")
+    wider = dict(WEIGHTS, **{"layer0.bias": np.zeros(16)})
+    with pytest.raises(UsageError, match=r"layer0.bias: \(8,\) there, \(16,\) here"):
+        check_weights_fit(checkpoint(), wider, "use the recipe")
+
+
+def test_only_the_neutral_layout_moves_between_frameworks():
+    check_layout(checkpoint("neutral", "tensorflow"), "torch", "neutral")
+    check_layout(checkpoint("keras", "tensorflow"), "torch", "keras")  # a Keras model's own
+    with pytest.raises(UsageError, match="use --framework torch"):
+        check_layout(checkpoint("torch", "torch"), "tensorflow", "torch")
+    with pytest.raises(UsageError, match="holds neutral weights .* keeps torch weights"):
+        check_layout(checkpoint("neutral"), "torch", "torch")
+
+
+def test_a_run_resumes_in_its_framework_and_only_to_train_on():
+    check_continues(checkpoint(), "torch", Position(1, 0), epochs=2, output_dir=Path("run"))
+    with pytest.raises(UsageError, match="written by torch; resume it with --framework torch"):
+        check_continues(checkpoint(), "tensorflow", Position(1, 0), 2, Path("run"))
+    with pytest.raises(UsageError, match="already finished 2 epochs; raise --epochs"):
+        check_continues(checkpoint(), "torch", Position(2, 0), 2, Path("run"))
