@@ -14,7 +14,7 @@ else
 TENSORFLOW := tensorflow-cpu==$(TENSORFLOW_VERSION)
 endif
 
-.PHONY: setup train test test-containers lint clean
+.PHONY: setup train test test-containers test-upstream lint clean
 
 setup: $(VENV)/.setup-done
 
@@ -46,6 +46,12 @@ test: lint
 test-containers: setup
 	scripts/install-system-packages.sh --containers
 	$(VENV)/bin/pytest --containers tests/containers
+
+# Horovod's own parallel suites against this build: HOROVOD_TESTS names the test/ folder of a
+# Horovod v0.28.1 checkout (the PyPI sdist ships none, and this project copies none of them).
+test-upstream: setup
+	test -d "$(HOROVOD_TESTS)/parallel" || { echo "set HOROVOD_TESTS to the test/ folder of a Horovod v0.28.1 checkout" >&2; exit 2; }
+	$(VENV)/bin/pytest tests/horovod/test_upstream.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
