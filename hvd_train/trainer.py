@@ -128,7 +128,8 @@ class Trainer:
                 f"the {what} became {value} at step {done.step} of epoch {done.epoch + 1}, and "
                 "training stopped before saving anything after it; lower the learning rate "
                 "(--lr) or clip the gradients (--set optimizer.gradient_clip_norm=1.0), and "
-                "continue from the newest checkpoint with --resume"
+                "continue from the newest checkpoint with --resume",
+                every_rank=True,
             )
         if result.flags.any():
             self.stop(done)
@@ -138,7 +139,7 @@ class Trainer:
         message; a signal, with a checkpoint at `done` and how to resume."""
         failures = [f for f in self.adapter.allgather_object(self.requests.failure) if f]
         if failures:
-            raise UsageError(failures[0])
+            raise UsageError(failures[0], every_rank=True)
         signum = next(s for s in self.adapter.allgather_object(self.requests.signal) if s)
         self.save_snapshot(done)
         message = (

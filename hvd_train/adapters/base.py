@@ -186,7 +186,7 @@ class Adapter(ABC):
                 outcome = (None, str(error))
         result, message = self.broadcast_object(outcome)
         if message is not None:
-            raise UsageError(message)
+            raise UsageError(message, every_rank=True)
         return result
 
     @staticmethod

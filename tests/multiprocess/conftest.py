@@ -1,4 +1,5 @@
 import functools
+import re
 import signal
 import subprocess
 import sys
@@ -74,6 +75,28 @@ def wait_for(condition, job: subprocess.Popen, timeout: float = 300) -> None:
         assert job.poll() is None, f"the job ended early:\n{job.stdout.read()}"
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def failed_job(*arguments: str, code: int = 2) -> str:
+    """`horovodrun -np 2 --gloo python -m hvd_train ARGUMENTS`, which must fail cleanly: with
+    exit code `code`, hvd_train's one error line said once (by rank 0), horovodrun's one-line
+    summary naming the rank that ended the job, and no traceback anywhere. The error line."""
+    command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, "-m", "hvd_train",
+               *arguments]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+    output = result.stdout + result.stderr
+    assert result.returncode == code and "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if "hvd-train: error:" in line]
+    assert [line.split(":", 1)[0] for line in lines] == ["[0]<stderr>"], output
+    summary = f"horovodrun: rank [01] exited with code {code}; the job was stopped"
+    assert re.fullmatch(summary, result.stderr.splitlines()[-1]), output
+    return lines[0].split(":", 1)[1]
+
+
+def assert_no_tensorflow_banners(output: str) -> None:
+    """None of what TensorFlow's C++ side prints as it loads (absl's and oneDNN's notices)."""
+    for banner in ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard"):
+        assert banner not in output, output
 
 
 def script(name: str) -> str:

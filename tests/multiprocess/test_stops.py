@@ -18,7 +18,14 @@ from safetensors.numpy import load_file
 
 from hvd_train.checkpoint import checkpoint_name, checkpoints
 from tests.conftest import FRAMEWORKS
-from tests.multiprocess.conftest import HERE, HOROVODRUN, horovodrun, start, wait_for
+from tests.multiprocess.conftest import (
+    HERE,
+    HOROVODRUN,
+    failed_job,
+    horovodrun,
+    start,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 DIVERGING = str(HERE / "diverging.py")
@@ -71,21 +78,13 @@ def test_a_signal_checkpoints_at_the_next_step_and_resume_finishes_the_same(
             assert np.array_equal(expected[name], resumed[name]), (target, name)
 
 
-def run_to_failure(*arguments: str) -> subprocess.CompletedProcess:
-    command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, "-m", "hvd_train",
-               *arguments]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert result.returncode != 0
-    return result
-
-
-def error_lines(output: str) -> list[str]:
-    """The ranks' error lines; no rank may show a traceback (horovodrun's own, which reports
-    that a rank failed, is not theirs)."""
-    assert not re.search(r"^\[\d+\]<std\w+>:Traceback", output, re.MULTILINE), output
+def error_line(output: str) -> str:
+    """The job's one error line, from rank 0: every rank stops alike, and says so once. No
+    traceback, neither a rank's nor horovodrun's."""
+    assert "Traceback" not in output, output
     lines = [line for line in output.splitlines() if "hvd-train: error:" in line]
-    assert sorted(line.split(":", 1)[0] for line in lines) == ["[0]<stderr>", "[1]<stderr>"]
-    return [line.split(":", 1)[1] for line in lines]  # one each, from every rank
+    assert [line.split(":", 1)[0] for line in lines] == ["[0]<stderr>"], output
+    return lines[0].split(":", 1)[1]
 
 
 def assert_all_finite(run: Path) -> list[Path]:
@@ -99,15 +98,14 @@ def assert_all_finite(run: Path) -> list[Path]:
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_loss_that_turns_nan_stops_every_rank_before_saving_it(framework, tmp_path):
     run = tmp_path / "run"
-    result = run_to_failure("--recipe", DIVERGING, "--framework", framework, "--limit-steps",
-                            "40", "--checkpoint-every", "5", "--output-dir", str(run))  # fmt: skip
-    lines = error_lines(result.stdout + result.stderr)
-    assert lines[0] == lines[1] and lines[0].endswith(
+    line = failed_job("--recipe", DIVERGING, "--framework", framework, "--limit-steps", "40",
+                      "--checkpoint-every", "5", "--output-dir", str(run))  # fmt: skip
+    assert line == (
         "hvd-train: error: the loss became nan at step 13 of epoch 1, and training stopped "
         "before saving anything after it; lower the learning rate (--lr) or clip the gradients "
         "(--set optimizer.gradient_clip_norm=1.0), and continue from the newest checkpoint "
         "with --resume"
-    ), lines
+    )
     saved = assert_all_finite(run)
     assert [path.name for path in saved] == [
         checkpoint_name(0, 5 * 64),
@@ -115,15 +113,31 @@ def test_a_loss_that_turns_nan_stops_every_rank_before_saving_it(framework, tmp_
     ]
 
 
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_bad_recipe_ends_the_job_with_one_line(framework):
+    line = failed_job("--recipe", "nope", "--framework", framework)
+    assert line.startswith("hvd-train: error: unknown recipe 'nope'; use one of "), line
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_missing_data_file_ends_the_job_with_one_line(framework, mnist_dir, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(mnist_dir, data)
+    (data / "t10k-labels-idx1-ubyte.gz").unlink()
+    line = failed_job("--framework", framework, "--data-dir", str(data),
+                      "--output-dir", str(tmp_path / "run"))  # fmt: skip
+    assert line == (
+        f"hvd-train: error: rank 0: data directory {data} lacks t10k-labels-idx1-ubyte.gz; add "
+        "the original MNIST files or leave out --data-dir to use the cache"
+    )
+
+
 @pytest.mark.torch
 def test_gradients_that_turn_nan_stop_every_rank_before_saving_them(tmp_path):
     run = tmp_path / "run"
-    result = run_to_failure("--recipe", f"{DIVERGING}:nan_gradients", "--limit-steps", "40",
-                            "--checkpoint-every", "5", "--output-dir", str(run))  # fmt: skip
-    lines = error_lines(result.stdout + result.stderr)
-    assert (
-        len(lines) == 2 and "error: the gradient norm became nan at step 13 of epoch 1" in lines[0]
-    )
+    line = failed_job("--recipe", f"{DIVERGING}:nan_gradients", "--limit-steps", "40",
+                      "--checkpoint-every", "5", "--output-dir", str(run))  # fmt: skip
+    assert "error: the gradient norm became nan at step 13 of epoch 1" in line
     assert len(assert_all_finite(run)) == 2
 
 
@@ -132,19 +146,14 @@ def test_replicas_that_diverge_stop_the_job_naming_the_tensor(framework, tmp_pat
     # Rank 1's model nudges one weight at every step behind Horovod's back: the check at the
     # epoch's end must name it, before that epoch is saved.
     run = tmp_path / "run"
-    result = run_to_failure("--recipe", f"{DIVERGING}:split_replicas", "--framework", framework,
-                            "--limit-steps", "20", "--checkpoint-every", "10",
-                            "--output-dir", str(run))  # fmt: skip
-    output = result.stdout + result.stderr
-    assert not re.search(r"^\[\d+\]<std\w+>:Traceback", output, re.MULTILINE), output
-    # Every rank finds the same; the first to exit may end the other before it says so.
-    lines = {line.split(":", 1)[1] for line in output.splitlines() if "hvd-train: error:" in line}
-    assert len(lines) == 1, output
+    line = failed_job("--recipe", f"{DIVERGING}:split_replicas", "--framework", framework,
+                      "--limit-steps", "20", "--checkpoint-every", "10", "--output-dir", str(run),
+                      code=1)  # fmt: skip
     assert re.search(
         r"hvd-train: error: after epoch 1, rank 1 holds another weight\.\S+ than rank 0 "
         r"\(\d+ of \d+ tensors differ\): the replicas diverged, which is a bug",
-        *lines,
-    ), lines
+        line,
+    ), line
     assert [path.name for path in checkpoints(run / "checkpoints")] == [checkpoint_name(0, 640)]
 
 
@@ -175,14 +184,12 @@ def test_a_full_disk_is_one_line_and_keeps_the_saved_checkpoint(framework, mnist
                             text=True, timeout=600)  # fmt: skip
     output = result.stdout + result.stderr
     assert "EXIT=0" not in output and "EXIT=" in output, output
-    lines = error_lines(output)
+    line = error_line(output)
     assert (
         f"hvd-train: error: cannot write checkpoint {run}/checkpoints/{checkpoint_name(0, 1280)}"
-        in lines[0]
+        in line
     )
-    assert (
-        "(No space left on device" in lines[0] and "the earlier checkpoints are intact" in lines[0]
-    )
+    assert "(No space left on device" in line and "the earlier checkpoints are intact" in line
     listing = result.stdout.split("EXIT=", 1)[1].splitlines()[1:]
     assert listing[:-1] == [checkpoint_name(0, 640)]  # the first, and nothing half-written
     assert json.loads(listing[-1])["checkpoint"].endswith(checkpoint_name(0, 640))
@@ -199,5 +206,4 @@ def test_a_vanished_output_directory_is_one_line(framework, mnist_dir, tmp_path)
     shutil.rmtree(tmp_path / "gone", ignore_errors=True)
     output, _ = job.communicate(timeout=120)
     assert job.returncode != 0
-    lines = error_lines(output)
-    assert f"cannot write {run}/metrics.jsonl (No such file or directory)" in lines[0]
+    assert f"cannot write {run}/metrics.jsonl (No such file or directory)" in error_line(output)
