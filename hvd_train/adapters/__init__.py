@@ -26,14 +26,36 @@ TENSORFLOW_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": 
 
 
 def use_framework(framework: str) -> None:
-    """Makes Keras run on `framework` (torch, for a Keras model trained under torch), and sets
-    TENSORFLOW_ENVIRONMENT's defaults for TensorFlow. Both take effect only before Keras and
-    TensorFlow are imported, so this is called before a Python recipe loads."""
+    """Makes Keras run on `framework` (torch, for a Keras model trained under torch); for
+    TensorFlow, sets TENSORFLOW_ENVIRONMENT's defaults and imports it quietly. All of it takes
+    effect only before Keras and TensorFlow are imported, so this is called before a Python
+    recipe loads."""
+    if "keras" not in sys.modules:
+        os.environ["KERAS_BACKEND"] = framework
     if framework == "tensorflow":
         for name, value in TENSORFLOW_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
-    if "keras" not in sys.modules:
-        os.environ["KERAS_BACKEND"] = framework
+        import_tensorflow_quietly()
+
+
+def import_tensorflow_quietly() -> None:
+    """Imports TensorFlow with its C++ start-up banners (absl's "All log messages before
+    absl::InitializeLog() ...", oneDNN's notice) sent to /dev/null: they are written before
+    TensorFlow's logging starts, so TF_CPP_MIN_LOG_LEVEL does not reach them.
+    HVD_TRAIN_VERBOSE=1 keeps them. A failed import is left to the adapter to report."""
+    if "tensorflow" in sys.modules or os.environ.get("HVD_TRAIN_VERBOSE", "0") != "0":
+        return
+    sys.stderr.flush()
+    stderr, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        os.dup2(stderr, 2)
+        os.close(stderr)
+        os.close(devnull)
 
 
 def create_adapter(name: str) -> Adapter:

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from hvd_train.checkpoint import checkpoint_name
-from tests.multiprocess.conftest import horovodrun
+from tests.multiprocess.conftest import assert_no_tensorflow_banners, horovodrun
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -24,7 +24,9 @@ def test_checkpoint_scores_the_same_under_the_other_framework(writer, reader, sh
     written = next(json.loads(line) for line in metrics if '"eval"' in line)
     evaluation = ["-m", "hvd_train", "eval", "--checkpoint", str(checkpoint), "--json",
                   "--data-dir", str(mnist_dir), "--framework", reader]  # fmt: skip
-    output = horovodrun(*evaluation).stdout.splitlines()
+    result = horovodrun(*evaluation)
+    assert_no_tensorflow_banners(result.stdout + result.stderr)
+    output = result.stdout.splitlines()
     lines = [line.split(":", 1)[1] for line in output if line.startswith("[0]<stdout>:{")]
     assert len(lines) == 1 and not [line for line in output if line.startswith("[1]<stdout>:")]
     result = json.loads(lines[0])

@@ -9,7 +9,7 @@ import pytest
 
 from hvd_train.checkpoint import checkpoint_name
 from tests.conftest import FRAMEWORKS
-from tests.multiprocess.conftest import STEPS, horovodrun, script
+from tests.multiprocess.conftest import STEPS, assert_no_tensorflow_banners, horovodrun, script
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
@@ -116,6 +116,7 @@ def test_progress_and_log_lines_come_from_rank_zero_only(first_run):
     assert not [line for line in lines_of(output, 1) if "epoch" in line or "hvd-train" in line]
     if framework == "torch":  # nothing of TensorFlow's, not even from horovodrun
         assert "tensorflow" not in output.lower() and "cpu_feature_guard" not in output
+    assert_no_tensorflow_banners(output)
 
 
 def test_resume_continues_from_the_saved_epoch(first_run, tmp_path):
