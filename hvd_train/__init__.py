@@ -7,7 +7,8 @@ In a Python recipe or a notebook:
     summary = launch(recipe, np=2)
 """
 
-from hvd_train.api import launch, train
+from hvd_train.api import train
+from hvd_train.launching import launch
 from hvd_train.layers import Layer
 from hvd_train.recipe import Data, Horovod, Optimizer, Recipe, Schedule
 from hvd_train.version import __version__

@@ -1,7 +1,8 @@
-"""The Python API: `train` inside a job (each rank calls it), `launch` to start the ranks.
+"""The Python API inside a job: `train`, which each rank calls (`launching.launch` starts the
+ranks and calls it in each).
 
     import hvd_train
-    summary = hvd_train.launch("recipes/examples/mnist_resnet_torch.py", np=2, epochs=1)
+    summary = hvd_train.train("recipes/examples/mnist_resnet_torch.py", epochs=1)
 
 One run, in the order the data flows: recipe (+ overrides) -> framework adapter -> data on
 every rank, checked to agree -> model, handed to the adapter -> the loop -> checkpoints and
@@ -59,9 +60,8 @@ def train(
         framework = framework or saved_framework(Path(str(options.output_dir)))
     framework = framework or DEFAULT_FRAMEWORK
     use_framework(framework)  # before any Python recipe (a new one, or a checkpoint's) loads
-    if not options.resume:  # a new run's mistakes show before Horovod starts
-        recipe = with_overrides(resolve_recipe(recipe or DEFAULT_RECIPE, framework), overrides)
-        recipe.check_framework(framework)
+    if not options.resume:
+        recipe = new_recipe(recipe, framework, overrides)
     if options.horovod_timeline is not None:  # Horovod reads it as it starts; rank 0 writes it
         os.environ["HOROVOD_TIMELINE"] = str(options.horovod_timeline.resolve())
     adapter = start(framework)
@@ -76,6 +76,14 @@ def train(
         checkpoint, recipe, options = resumed_run(adapter, recipe, options, overrides)
     assert isinstance(recipe, Recipe)
     return train_on_rank(adapter, recipe, decided(adapter, recipe, options), checkpoint)
+
+
+def new_recipe(recipe: str | Recipe | None, framework: str, overrides: dict[str, Any]) -> Recipe:
+    """A new run's recipe (mnist_cnn if none) with `overrides`, checked for `framework`: its
+    mistakes show before Horovod starts."""
+    checked = with_overrides(resolve_recipe(recipe or DEFAULT_RECIPE, framework), overrides)
+    checked.check_framework(framework)
+    return checked
 
 
 def resumed_run(
@@ -232,14 +240,16 @@ def check_ranks_agree(adapter: Adapter, problem: str | None, facts: dict[str, An
     for rank, (rank_problem, rank_facts) in enumerate(everyone):
         if rank_problem is not None:
             raise UsageError(
-                f"rank {rank}: {rank_problem}" if adapter.world_size > 1 else rank_problem
+                f"rank {rank}: {rank_problem}" if adapter.world_size > 1 else rank_problem,
+                every_rank=True,
             )
         for key, value in rank_facts.items():
             if value != everyone[0][1][key]:
                 raise UsageError(
                     f"rank {rank} disagrees with rank 0 on the {key} ({value!r} vs "
                     f"{everyone[0][1][key]!r}); run the same hvd_train, recipe, flags and data "
-                    "on every host"
+                    "on every host",
+                    every_rank=True,
                 )
 
 
@@ -262,30 +272,3 @@ def prepare_output_dir(output_dir: Path, resume: bool) -> None:
             f"{output_dir} already holds checkpoints; pass --resume to continue that run "
             "or choose another --output-dir"
         )
-
-
-def _train_rank(
-    recipe: str | Recipe | None, framework: str | None, keywords: dict[str, Any]
-) -> dict[str, Any]:
-    """What `launch` runs in each rank."""
-    return train(recipe, framework, **keywords)
-
-
-def launch(
-    recipe: str | Recipe | None = None,
-    np: int = 2,
-    framework: str | None = None,
-    *,
-    hosts: str | None = None,
-    **keywords: Any,
-) -> dict[str, Any]:
-    """Starts `np` ranks with Horovod's own `horovod.run` (Gloo; on this machine, or on
-    `hosts` as horovodrun's -H takes them) and trains `recipe` in each; rank 0's summary.
-    `keywords` are `train`'s."""
-    import horovod
-
-    results = horovod.run(
-        _train_rank, args=(recipe, framework, keywords), np=np, hosts=hosts, use_gloo=True
-    )
-    summary: dict[str, Any] = results[0]
-    return summary

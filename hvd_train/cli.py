@@ -1,5 +1,5 @@
-"""Command line: `hvd-train [train|eval|doctor|show-recipe|plot|bench] ...`, the same as
-`python -m hvd_train ...`; `train` is the default command."""
+"""Command line: `hvd-train [train|launch|eval|doctor|show-recipe|plot|bench|k8s] ...`, the
+same as `python -m hvd_train ...`; `train` is the default command."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hvd_train.adapters import ADAPTERS
-from hvd_train.errors import ReplicasDiverged, Stopped, UsageError
+from hvd_train.errors import ReplicasDiverged, Stopped, UsageError, reported_here
+from hvd_train.launching import BACKENDS
 from hvd_train.options import TRAIN_OPTIONS, add_arguments
 from hvd_train.rules import Rule
 from hvd_train.version import __version__
@@ -21,7 +22,8 @@ from hvd_train.version import __version__
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"hvd-train: error: {message}; see `hvd-train --help`\n")
+        line = f"hvd-train: error: {message}; see `hvd-train --help`\n"
+        self.exit(2, line if reported_here(UsageError(message)) else None)
 
 
 def positive(kind: type) -> Callable[[str], int | float]:
@@ -120,12 +122,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(shared, ["data_dir"], checked)
     shared.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
     commands = parser.add_subparsers(
-        dest="command", metavar="{train,eval,show-recipe,plot,bench,doctor}", parser_class=Parser
-    )
+        dest="command", metavar="{train,launch,eval,show-recipe,plot,bench,doctor,k8s}",
+        parser_class=Parser,
+    )  # fmt: skip
     train = commands.add_parser(
         "train", parents=[shared, recipe], help="train a recipe (the default command)"
     )
     add_arguments(train, [name for name in TRAIN_OPTIONS if name != "data_dir"], checked)
+    launch = commands.add_parser(
+        "launch", parents=[shared, recipe],
+        help="start the ranks from here (Horovod's launcher, or Ray actors) and train in each",
+    )  # fmt: skip
+    launch.add_argument("-np", "--np", type=positive(int), default=2,
+                        help="the number of ranks (default: %(default)s)")  # fmt: skip
+    launch.add_argument("--backend", choices=BACKENDS, default="horovod",
+                        help="horovod: Horovod's launcher, on Gloo; ray: Ray actors, through "
+                        "Horovod's RayExecutor (default: %(default)s)")  # fmt: skip
+    launch.add_argument("-H", "--hosts", help="with --backend horovod: the hosts, as "
+                        "horovodrun -H takes them (a:2,b:2; default: this machine)")  # fmt: skip
+    launch.add_argument("--address", help="with --backend ray: the Ray cluster to join "
+                        "(default: start a local one for the job)")  # fmt: skip
+    add_arguments(launch, [name for name in TRAIN_OPTIONS if name != "data_dir"], checked)
     evaluate = commands.add_parser(
         "eval", parents=[shared], help="evaluate a checkpoint written by either framework"
     )
@@ -182,6 +199,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="the PNG to write (default: %(default)s)",
     )  # fmt: skip
     plot.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
+    k8s = commands.add_parser(
+        "k8s", help="print a Kubeflow MPIJob that trains across worker pods (kubectl apply -f)"
+    )
+    k8s.add_argument("--image", required=True, help="the image, built from docker/Dockerfile.*")
+    k8s.add_argument("-np", "--np", type=positive(int), default=2, help="the number of ranks "
+                     "(default: %(default)s)")  # fmt: skip
+    k8s.add_argument("--slots-per-worker", type=positive(int), default=1, help="ranks per "
+                     "worker pod (default: %(default)s)")  # fmt: skip
+    k8s.add_argument("--name", default="hvd-train", help="the job's name (default: %(default)s)")
+    k8s.add_argument("--cpu", default="2", help="each worker's CPUs (default: %(default)s)")
+    k8s.add_argument("--memory", default="4Gi", help="each worker's memory (default: "
+                     "%(default)s)")  # fmt: skip
+    k8s.add_argument("train_arguments", nargs="*", metavar="-- TRAIN_FLAGS", help="the flags of "
+                     "`hvd-train train` for the job (default: --recipe mnist_cnn --framework "
+                     "torch)")  # fmt: skip
+    k8s.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
     return parser
 
 
@@ -208,6 +241,21 @@ def run_train(args: argparse.Namespace) -> int:
 
     train(args.recipe, args.framework, **{name: getattr(args, name) for name in TRAIN_OPTIONS},
           **overrides(args))  # fmt: skip
+    return 0
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    from hvd_train.launching import launch
+
+    summary = launch(args.recipe, args.np, args.framework, backend=args.backend,
+                     hosts=args.hosts, address=args.address,
+                     **{name: getattr(args, name) for name in TRAIN_OPTIONS},
+                     **overrides(args))  # fmt: skip
+    print(
+        f"hvd-train launch: {summary['recipe']} under {summary['framework']} on "
+        f"{summary['world_size']} ranks ({args.backend}): test accuracy "
+        f"{summary['test_accuracy']:.2%} after {summary['train_seconds']:.1f} s of training"
+    )
     return 0
 
 
@@ -257,6 +305,16 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_k8s(args: argparse.Namespace) -> int:
+    from hvd_train.commands.k8s import DEFAULT_TRAIN_ARGUMENTS, mpijob, render
+
+    train_arguments = tuple(args.train_arguments) or DEFAULT_TRAIN_ARGUMENTS
+    manifest = mpijob(args.image, args.np, args.slots_per_worker, train_arguments, args.name,
+                      args.cpu, args.memory)  # fmt: skip
+    print(render(manifest), end="")
+    return 0
+
+
 def run_plot(args: argparse.Namespace) -> int:
     from hvd_train.plot import plot_runs
 
@@ -267,11 +325,13 @@ def run_plot(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "train": run_train,
+    "launch": run_launch,
     "eval": run_eval,
     "doctor": run_doctor,
     "show-recipe": run_show_recipe,
     "plot": run_plot,
     "bench": run_bench,
+    "k8s": run_k8s,
 }
 
 
@@ -285,12 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         if args.debug:
             raise
-        print(f"hvd-train: error: {error}", file=sys.stderr)
+        report(error)
         return 2
     except Stopped as stop:  # rank 0 said where it stopped and how to resume
         return 128 + stop.signum
     except ReplicasDiverged as error:
-        print(f"hvd-train: error: {error}", file=sys.stderr)
+        report(error)
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C, or one before training began
         print("hvd-train: interrupted", file=sys.stderr)
@@ -305,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def report(error: Exception) -> None:
+    """`error`'s one line on stderr, where this rank is the one to say it."""
+    if reported_here(error):
+        print(f"hvd-train: error: {error}", file=sys.stderr)
 
 
 def lost_peer(error: Exception) -> bool:

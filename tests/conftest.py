@@ -30,16 +30,24 @@ def _pytest_loads_no_horovod_binding():
     assert not {"horovod.torch", "horovod.tensorflow"} & set(sys.modules)
 
 
+# Suites that install system software and take long: each runs only with its option.
+OPT_IN = {
+    "containers": "also build and run the Docker images (make test-containers)",
+    "clusters": "also run the Slurm cluster and Ray tests (make test-clusters)",
+}
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    help = "also build and run the Docker images (make test-containers)"
-    parser.addoption("--containers", action="store_true", help=help)
+    for name, help in OPT_IN.items():
+        parser.addoption(f"--{name}", action="store_true", help=help)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `containers` run only with --containers, whatever -m says."""
-    if config.getoption("--containers"):
-        return
-    left_out = [item for item in items if item.get_closest_marker("containers")]
-    if left_out:
-        config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if not item.get_closest_marker("containers")]
+    """Tests marked `containers` or `clusters` run only with that option, whatever -m says."""
+    for name in OPT_IN:
+        if config.getoption(f"--{name}"):
+            continue
+        left_out = [item for item in items if item.get_closest_marker(name)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not item.get_closest_marker(name)]

@@ -38,3 +38,40 @@ def test_launch_starts_the_ranks_and_returns_rank_zeros_summary(framework, tmp_p
     result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
     assert result.returncode == 0, result.stdout + result.stderr
     check(summary_line(result.stdout), framework, tmp_path)
+
+
+def run_launch_script(case: str, output_dir) -> tuple[str, str]:
+    """launch_script.py CASE in a fresh process: what it printed last, and all its output."""
+    command = [sys.executable, script("launch_script.py"), case, str(output_dir)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "Traceback" not in output, output
+    return result.stdout.splitlines()[-1], output
+
+
+@pytest.mark.torch
+def test_launch_works_from_a_script_without_a_main_guard(tmp_path):
+    last, output = run_launch_script("trains", tmp_path)
+    assert last.startswith("SUMMARY "), output
+    summary = json.loads(last.removeprefix("SUMMARY "))
+    assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.9, summary
+
+
+@pytest.mark.torch
+def test_launch_refuses_a_mistake_before_any_rank_starts(tmp_path):
+    last, output = run_launch_script("usage", tmp_path)
+    assert last == (
+        "RAISED UsageError: override schedule.epochs: 0 is out of range; it must be positive"
+    ), output
+    assert "<stdout>" not in output and "<stderr>" not in output  # no rank said anything
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.torch
+def test_a_mistake_found_in_the_ranks_comes_back_once_as_rank_zeros(tmp_path):
+    last, output = run_launch_script("rank-failure", tmp_path)
+    assert last == (
+        f"RAISED UsageError: rank 0: data directory {tmp_path}/no-such-folder does not exist; "
+        "fix --data-dir or HVD_TRAIN_DATA_DIR"
+    ), output
+    assert output.count("does not exist") == 1, output

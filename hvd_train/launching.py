@@ -1,0 +1,147 @@
+"""`launch`: start the ranks from Python and train in each, with Horovod's own launcher or as
+Ray actors; the recipe and options are checked here first, and a failure in the ranks comes
+back as one exception.
+
+    import hvd_train
+    summary = hvd_train.launch("mnist_cnn", np=2, epochs=1)
+    summary = hvd_train.launch("mnist_cnn", np=2, backend="ray")  # a local Ray cluster
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hvd_train.adapters import use_framework
+from hvd_train.api import DEFAULT_FRAMEWORK, new_recipe, train
+from hvd_train.errors import UsageError
+from hvd_train.options import RunOptions
+from hvd_train.recipe import Recipe
+
+BACKENDS = ("horovod", "ray")
+# What the ranks inherit from the caller where the launcher starts them afresh (Ray's actors):
+# Horovod's settings and hvd_train's own.
+INHERITED_PREFIXES = ("HOROVOD_", "HVD_TRAIN_")
+
+
+def launch(
+    recipe: str | Recipe | None = None,
+    np: int = 2,
+    framework: str | None = None,
+    *,
+    backend: str = "horovod",
+    hosts: str | None = None,
+    address: str | None = None,
+    **keywords: Any,
+) -> dict[str, Any]:
+    """Starts `np` ranks, trains `recipe` in each and returns rank 0's summary. `keywords` are
+    `train`'s.
+
+    `backend="horovod"`: Horovod's own `horovod.run`, on Gloo, on this machine or on `hosts`
+    as horovodrun's -H takes them. `backend="ray"`: the ranks are Ray actors, started by
+    Horovod's `RayExecutor` on the Ray cluster at `address` (None: a local one, started here
+    and stopped after).
+
+    The options and a new run's recipe are checked here, before any rank starts: a mistake is
+    a `UsageError` with the CLI's one-line message. A failure inside the ranks is raised here
+    once, as rank 0 raised it (else as the first failing rank did); a `UsageError` stays one."""
+    if backend not in BACKENDS:
+        raise UsageError(f"backend: unknown value {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if not (isinstance(np, int) and np > 0):
+        raise UsageError(f"np: expected a positive number of ranks, got {np!r}")
+    options, overrides = RunOptions.split(keywords)
+    if not options.resume:
+        new_recipe(recipe, framework or DEFAULT_FRAMEWORK, overrides)
+    if options.output_dir is not None:  # the ranks' working folder may not be the caller's
+        keywords = keywords | {"output_dir": Path(options.output_dir).resolve()}
+    arguments = (recipe, framework, keywords)
+    try:
+        if backend == "ray":
+            results = run_on_ray(np, address, arguments, framework or DEFAULT_FRAMEWORK)
+        else:
+            results = run_with_horovod(np, hosts, arguments)
+    except UsageError as error:  # its rank's traceback, in a note, would only hide the line
+        raise UsageError(str(error)) from None
+    summary: dict[str, Any] = results[0]
+    return summary
+
+
+def _train_rank(
+    recipe: str | Recipe | None, framework: str | None, keywords: dict[str, Any]
+) -> dict[str, Any]:
+    """What `launch` runs in each rank."""
+    return train(recipe, framework, **keywords)
+
+
+def run_with_horovod(np: int, hosts: str | None, arguments: tuple[Any, ...]) -> list[Any]:
+    """`_train_rank(*arguments)` in `np` ranks that `horovod.run` starts; each rank's result.
+    The patched `horovod.run` raises the exception of a failed rank (rank 0's first)."""
+    import horovod
+
+    with main_script_hidden():
+        results: list[Any] = horovod.run(
+            _train_rank, args=arguments, np=np, hosts=hosts, use_gloo=True
+        )
+    return results
+
+
+@contextmanager
+def main_script_hidden() -> Iterator[None]:
+    """Keeps the caller's script from running again in the processes the launcher starts:
+    Python's multiprocessing starts them by importing the main script, so a script without an
+    `if __name__ == "__main__":` guard would call `launch` again in each. Nothing the ranks
+    need comes from it: `launch` sends them the recipe by value."""
+    main = sys.modules["__main__"]
+    file, spec = main.__dict__.pop("__file__", None), getattr(main, "__spec__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__spec__ = spec
+        if file is not None:
+            main.__file__ = file
+
+
+def run_on_ray(
+    np: int, address: str | None, arguments: tuple[Any, ...], framework: str
+) -> list[Any]:
+    """`_train_rank(*arguments)` in `np` Ray actors that Horovod's `RayExecutor` starts, one
+    CPU each (and one GPU each where the cluster has them); each rank's result. A rank's
+    exception is raised as itself, rank 0's first."""
+    ray, executor_class = import_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        use_framework(framework)  # the actors inherit the environment a local cluster starts in
+        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    try:
+        gpus = ray.cluster_resources().get("GPU", 0) >= np
+        executor = executor_class(executor_class.create_settings(timeout_s=120),
+                                  num_workers=np, cpus_per_worker=1, use_gpu=gpus)  # fmt: skip
+        inherited = {k: v for k, v in os.environ.items() if k.startswith(INHERITED_PREFIXES)}
+        executor.start(extra_env_vars=inherited)
+        try:
+            results: list[Any] = executor.run(_train_rank, args=list(arguments))
+        except ray.exceptions.RayTaskError as error:
+            raise error.cause from None
+        finally:
+            executor.shutdown()
+        return results
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def import_ray() -> tuple[Any, Any]:
+    """Ray and Horovod's `RayExecutor`, or a UsageError saying how to install Ray."""
+    try:
+        import ray
+        from horovod.ray import RayExecutor
+    except ImportError as error:
+        raise UsageError(
+            f"backend 'ray' needs Ray ({error}); install it with pip install 'ray==2.60.0'"
+        ) from None
+    return ray, RayExecutor
