@@ -5,6 +5,8 @@
 # iproute2 (`ip`), with which the multi-host test makes its hosts in network namespaces.
 # With --containers, what `make test-containers` uses instead: a Docker engine (docker.io),
 # Compose (docker-compose) and mmdebstrap, which makes Debian base images from Debian's packages.
+# With --clusters, what `make test-clusters` uses: Slurm's controller, node daemon and commands
+# (slurmctld, slurmd, slurm-client) and munge, its authentication.
 # Without root or apt-get it says what is missing and goes on: one host with Gloo needs neither,
 # and the container tests skip, saying why.
 set -euo pipefail
@@ -17,6 +19,13 @@ if [ "${1:-}" = --containers ]; then
     command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 \
         || missing+=(docker-compose)
     command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+elif [ "${1:-}" = --clusters ]; then
+    wanted="Slurm and munge"
+    without="the Slurm tests skip; install them and run make test-clusters again"
+    command -v slurmctld >/dev/null || missing+=(slurmctld)
+    command -v slurmd >/dev/null || missing+=(slurmd)
+    command -v sbatch >/dev/null || missing+=(slurm-client)
+    command -v munged >/dev/null || missing+=(munge)
 else
     wanted="Open MPI, OpenSSH and iproute2"
     without="Horovod will be built without MPI if Open MPI is missing, and multi-host runs need"

@@ -53,33 +53,26 @@ def test_compose_starts_a_launcher_and_two_workers_that_train_across_them(tmp_pa
     )
 
 
-def test_mpijob_runs_the_recipe_with_horovodrun_on_the_operators_hostfile():
-    job = yaml.safe_load((DOCKER / "mpijob.yaml").read_text())
-    assert job["kind"] == "MPIJob"
-    specs = job["spec"]["mpiReplicaSpecs"]
-    command = specs["Launcher"]["template"]["spec"]["containers"][0]["command"]
-    assert command[:5] == ["horovodrun", "-np", "2", "--hostfile", "/etc/mpi/hostfile"]
-    assert command[5:8] == ["python", "-m", "hvd_train"]
-    assert specs["Worker"]["replicas"] == 2
-
-
-def test_slurm_script_runs_horovodrun_across_the_allocation(tmp_path):
-    """The batch script, run as Slurm would run it on a two-node allocation, with scontrol,
-    hvd-train and horovodrun standing in: one -H entry per node, every task a rank."""
+def test_slurm_script_gives_every_task_a_rank_and_resumes_a_requeued_run(tmp_path):
+    """The batch script, run as Slurm would run it on a three-node allocation of uneven tasks,
+    with scontrol and horovodrun standing in: one -H entry per node with its tasks; run again
+    once the run has a checkpoint (a requeue), it resumes. The real cluster: tests/clusters."""
     log = tmp_path / "calls"
-    stub(tmp_path / "bin", "scontrol", 'echo "node-a\nnode-b"')
-    for name in ("hvd-train", "horovodrun"):
-        stub(tmp_path / ".venv" / "bin", name)
+    stub(tmp_path / "bin", "scontrol", 'echo "node-a\nnode-b\nnode-c"')
+    stub(tmp_path / ".venv" / "bin", "horovodrun")
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "STUB_LOG": str(log),
-           "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "node-[a-b]",
-           "SLURM_NTASKS_PER_NODE": "4", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "17"}  # fmt: skip
-    subprocess.run(["bash", str(DOCKER / "slurm.sbatch")], env=env, check=True, timeout=30)
-    doctor, launch = log.read_text().splitlines()
-    assert doctor == "hvd-train doctor -H node-a:4,node-b:4"
-    assert launch == (
-        "horovodrun -np 8 -H node-a:4,node-b:4 .venv/bin/python -m hvd_train "
-        "--recipe mnist_cnn --framework torch --output-dir runs/slurm-17"
+           "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_NODELIST": "node-[a-c]",
+           "SLURM_TASKS_PER_NODE": "4(x2),2", "SLURM_NTASKS": "10",
+           "SLURM_JOB_ID": "17"}  # fmt: skip
+    launch = (
+        "horovodrun --gloo -np 10 -H node-a:4,node-b:4,node-c:2 .venv/bin/python -m hvd_train "
+        "--output-dir runs/slurm-17 --recipe mnist_cnn --framework torch"
     )
+    subprocess.run(["bash", str(DOCKER / "slurm.sbatch")], env=env, check=True, timeout=30)
+    assert log.read_text().splitlines() == [launch]
+    (tmp_path / "runs/slurm-17/checkpoints/epoch-0000-sample-00000640").mkdir(parents=True)
+    subprocess.run(["bash", str(DOCKER / "slurm.sbatch")], env=env, check=True, timeout=30)
+    assert log.read_text().splitlines() == [launch, f"{launch} --resume"]
 
 
 def test_entrypoint_without_ssh_keys_just_runs_the_command():
