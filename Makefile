@@ -14,7 +14,7 @@ else
 TENSORFLOW := tensorflow-cpu==$(TENSORFLOW_VERSION)
 endif
 
-.PHONY: setup train test test-containers test-upstream lint clean
+.PHONY: setup train test test-containers test-clusters test-upstream lint docs clean
 
 setup: $(VENV)/.setup-done
 
@@ -39,13 +39,25 @@ lint: setup
 	$(VENV)/bin/hadolint docker/Dockerfile.cpu docker/Dockerfile.cuda
 
 test: lint
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(VENV)/bin/pytest
+
+# The documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000, rebuilt as pages change.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # Builds the CPU image and trains in containers (tests/containers): a Docker engine, Compose and
 # mmdebstrap are installed and started where this runs as root with apt-get.
 test-containers: setup
 	scripts/install-system-packages.sh --containers
 	$(VENV)/bin/pytest --containers tests/containers
+
+# A Slurm cluster of two nodes in network namespaces, and Ray (tests/clusters): Slurm and munge
+# are installed where this runs as root with apt-get, Ray into the environment.
+test-clusters: setup
+	scripts/install-system-packages.sh --clusters
+	$(PY) -m pip install --quiet --editable '.[ray]'
+	$(VENV)/bin/pytest --clusters tests/clusters
 
 # Horovod's own parallel suites against this build: HOROVOD_TESTS names the test/ folder of a
 # Horovod v0.28.1 checkout (the PyPI sdist ships none, and this project copies none of them).
@@ -54,4 +66,4 @@ test-upstream: setup
 	$(VENV)/bin/pytest tests/horovod/test_upstream.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) runs .site .pytest_cache .mypy_cache .ruff_cache

@@ -133,7 +133,8 @@ def checked_layer(raw: Any, where: str) -> Layer:
     unknown = sorted(set(raw) - set(params) - {"type"})
     if unknown:
         raise UsageError(
-            f"{where}.{unknown[0]}: unknown key; check its spelling against the README"
+            f"{where}.{unknown[0]}: unknown key; check its spelling against the "
+            "recipe reference (docs/recipes.md)"
         )
     return Layer(kind, params)
 

@@ -1,7 +1,7 @@
 """The CLI as a user meets it: `python -m hvd_train` in real subprocesses.
 
-BAD_INPUTS mirrors the README's table of mistakes: each gets one line naming the problem and the
-fix, exit code 2, no traceback, and leaves a run's saved checkpoint untouched.
+BAD_INPUTS mirrors the table of mistakes in docs/faults.md: each gets one line naming the problem
+and the fix, exit code 2, no traceback, and leaves a run's saved checkpoint untouched.
 """
 
 import os

@@ -23,3 +23,11 @@ def test_the_readmes_own_model_recipe_trains_as_printed(tmp_path):
     summary = json.loads((tmp_path / "runs/mine/summary.json").read_text())
     assert summary["recipe"] == "my_recipe" and summary["epochs"] == 3
     assert summary["test_accuracy"] >= 0.95  # the label is the sign of one feature
+
+
+def test_the_readme_is_short_and_its_links_lead_somewhere():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 400  # a newcomer's five minutes; the rest is in docs/
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    local = [link for link in links if "://" not in link]
+    assert local and [link for link in local if not (REPO / link).exists()] == []

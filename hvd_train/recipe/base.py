@@ -120,8 +120,8 @@ class Recipe:
             section = section or KEY_SECTIONS.get(name, "")
             if KEY_SECTIONS.get(name) != section:
                 raise UsageError(
-                    f"{key}: unknown setting; use section.key with a key of the README's "
-                    "recipe table, like schedule.epochs"
+                    f"{key}: unknown setting; use section.key with a key of the recipe reference "
+                    "(docs/recipes.md), like schedule.epochs"
                 )
             tables.setdefault(section, {})[name] = value
         changes: dict[str, Any] = {}

@@ -162,7 +162,8 @@ def make_settings(cls: type[Settings], table: dict[str, Any]) -> Any:
     unknown = sorted(set(table) - known)
     if unknown:
         raise UsageError(
-            f"{cls.section}.{unknown[0]}: unknown key; check its spelling against the README"
+            f"{cls.section}.{unknown[0]}: unknown key; check its spelling against the "
+            "recipe reference (docs/recipes.md)"
         )
     if cls is Data and "dataset" not in table:
         raise UsageError("data.dataset: missing; add it to the recipe")

@@ -1,5 +1,5 @@
 """Framework-neutral recipes in TOML: `[data]` and `[model]` are required, every other table
-and key has a default (see the README's recipe table). Unknown tables and keys are errors, so a
+and key has a default (see docs/recipes.md). Unknown tables and keys are errors, so a
 typo cannot be silently ignored."""
 
 from __future__ import annotations
@@ -41,12 +41,16 @@ def _recipe(root: dict[str, Any]) -> Recipe:
     unknown = sorted(set(root) - {*TABLES, "description"})
     if unknown:
         raise UsageError(
-            f"{unknown[0]}: unknown table or key; check its spelling against the README"
+            f"{unknown[0]}: unknown table or key; check its spelling against the recipe "
+            "reference (docs/recipes.md)"
         )
     model = _table(root, "model", required=True)
     extra = sorted(set(model) - {"layers", "loss"})
     if extra:
-        raise UsageError(f"model.{extra[0]}: unknown key; check its spelling against the README")
+        raise UsageError(
+            f"model.{extra[0]}: unknown key; check its spelling "
+            "against the recipe reference (docs/recipes.md)"
+        )
     if "layers" not in model:
         raise UsageError("model.layers: missing; add the list of layers to the recipe")
     loss = model.get("loss", "cross_entropy")

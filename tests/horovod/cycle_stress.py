@@ -1,6 +1,7 @@
 """Runs inside each rank under `horovodrun -np 2 --gloo` and puts the patched background loop
-(a cycle as soon as a tensor is enqueued, none while a rank has nothing to do; see the README's
-Horovod patch) through one hard case, checking every result against the one-process answer.
+(a cycle as soon as a tensor is enqueued, none while a rank has nothing to do; see
+docs/horovod-patch.md) through one hard case, checking every result against the one-process
+answer.
 
 usage: cycle_stress.py SCENARIO
 Rank 0 prints one line, `ok SCENARIO {measurements as JSON}`; a wrong result raises.
