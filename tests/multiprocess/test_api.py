@@ -75,3 +75,18 @@ def test_a_mistake_found_in_the_ranks_comes_back_once_as_rank_zeros(tmp_path):
         "fix --data-dir or HVD_TRAIN_DATA_DIR"
     ), output
     assert output.count("does not exist") == 1, output
+
+
+@pytest.mark.torch
+def test_the_launch_command_starts_the_ranks_and_says_how_it_went(tmp_path):
+    command = [sys.executable, "-m", "hvd_train", "launch", "-np", "2", "--recipe",
+               script("api_script.py"), "--framework", "torch", "--epochs", "1",
+               "--output-dir", str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 1
+    assert result.stdout.splitlines()[-1] == (
+        f"hvd-train launch: api_script under torch on 2 ranks (horovod): test accuracy "
+        f"{summary['test_accuracy']:.2%} after {summary['train_seconds']:.1f} s of training"
+    )
