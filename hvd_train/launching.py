@@ -51,6 +51,12 @@ def launch(
     once, as rank 0 raised it (else as the first failing rank did); a `UsageError` stays one."""
     if backend not in BACKENDS:
         raise UsageError(f"backend: unknown value {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if (backend == "ray" and hosts) or (backend == "horovod" and address):
+        given = "hosts" if hosts else "address"
+        raise UsageError(
+            f"{given} does not apply to backend {backend!r}: hosts are for 'horovod' (as "
+            "horovodrun -H), address for 'ray' (the cluster to join); leave it out"
+        )
     if not (isinstance(np, int) and np > 0):
         raise UsageError(f"np: expected a positive number of ranks, got {np!r}")
     options, overrides = RunOptions.split(keywords)

@@ -365,3 +365,18 @@ def test_every_flag_passes_through_horovodrun():
 
 def run_horovodrun_help(horovodrun: Path) -> str:
     return subprocess.run([str(horovodrun), "--help"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--backend", "ray", "-H", "a:2"], "hosts does not apply to backend 'ray'"),
+        (["--address", "ray://head:10001"], "address does not apply to backend 'horovod'"),
+        (["--epochs", "0"], "argument --epochs: must be positive, got '0'"),
+        (["--set", "schedule.epochs=0"], "override schedule.epochs: 0 is out of range"),
+    ],
+)
+def test_the_launch_command_refuses_a_mistake_before_any_rank_starts(arguments, message):
+    result = run("launch", "-np", "2", *arguments)
+    assert_usage_error(result, message)
+    assert "<stdout>" not in result.stdout + result.stderr  # no rank said anything
