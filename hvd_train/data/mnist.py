@@ -240,11 +240,23 @@ def fetch_into_cache() -> Path:
     return directory
 
 
+def fetch_timeout() -> float:
+    """$HVD_TRAIN_FETCH_TIMEOUT in seconds, else FETCH_TIMEOUT."""
+    given = os.environ.get("HVD_TRAIN_FETCH_TIMEOUT", "")
+    try:
+        timeout = float(given) if given else FETCH_TIMEOUT
+    except ValueError:
+        timeout = -1.0
+    if not timeout >= 0:
+        raise UsageError(f"HVD_TRAIN_FETCH_TIMEOUT={given!r}: expected seconds, such as 900")
+    return timeout
+
+
 @contextmanager
 def _fetching(directory: Path) -> Iterator[None]:
     """Held by the one process on this host that fills `directory`: the others wait here, up
     to $HVD_TRAIN_FETCH_TIMEOUT seconds, and then find the files in place."""
-    timeout = float(os.environ.get("HVD_TRAIN_FETCH_TIMEOUT") or FETCH_TIMEOUT)
+    timeout = fetch_timeout()
     lock_path = directory.with_name(f"{directory.name}.lock")
     with lock_path.open("a") as lock:
         deadline = time.monotonic() + timeout

@@ -145,6 +145,13 @@ def holds_open(pid, path):
         return True  # it ended: the assertions below say how
 
 
+@pytest.mark.parametrize("given", ["soon", "-1", "nan"])
+def test_a_bad_fetch_timeout_is_one_line(given, cache, monkeypatch):
+    monkeypatch.setenv("HVD_TRAIN_FETCH_TIMEOUT", given)
+    with pytest.raises(UsageError, match=f"HVD_TRAIN_FETCH_TIMEOUT='{given}': expected seconds"):
+        mnist.fetch_into_cache()
+
+
 def test_ranks_starting_together_fetch_mnist_once(cache, mnist_dir):
     """Two processes (as two ranks of a job on one host) find the cache empty at once: one
     fetches, the other waits and then reads what it fetched."""
