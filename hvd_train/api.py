@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvd_train.adapters import Adapter, Elastic, use_framework
+from hvd_train.adapters import Adapter, Elastic, import_tensorflow_quietly, use_framework
 from hvd_train.checkpoint import Checkpoint, checkpoints, remove_partial
 from hvd_train.data import Splits, load_data
 from hvd_train.errors import UsageError
@@ -26,7 +26,7 @@ from hvd_train.metrics import MetricsWriter, write_summary
 from hvd_train.options import RunOptions
 from hvd_train.plot import plot_runs
 from hvd_train.position import Position
-from hvd_train.recipe import Recipe, load_recipe
+from hvd_train.recipe import Recipe, is_python_reference, load_recipe
 from hvd_train.resume import (
     check_same_run,
     read_resume_point,
@@ -130,7 +130,11 @@ def resumed_recipe(
 def resolve_recipe(recipe: str | Recipe, framework: str) -> Recipe:
     """The recipe object; a reference is loaded with Keras set to run on `framework`."""
     use_framework(framework)
-    return load_recipe(recipe) if isinstance(recipe, str) else recipe
+    if not isinstance(recipe, str):
+        return recipe
+    if framework == "tensorflow" and is_python_reference(recipe):
+        import_tensorflow_quietly()  # the recipe's code may import Keras, and TensorFlow with it
+    return load_recipe(recipe)
 
 
 def with_overrides(recipe: Recipe, overrides: dict[str, Any]) -> Recipe:

@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from hvd_train.adapters import use_framework
 from hvd_train.api import DEFAULT_FRAMEWORK, new_recipe, train
 from hvd_train.errors import UsageError
 from hvd_train.options import RunOptions
@@ -67,7 +66,7 @@ def launch(
     arguments = (recipe, framework, keywords)
     try:
         if backend == "ray":
-            results = run_on_ray(np, address, arguments, framework or DEFAULT_FRAMEWORK)
+            results = run_on_ray(np, address, arguments)
         else:
             results = run_with_horovod(np, hosts, arguments)
     except UsageError as error:  # its rank's traceback, in a note, would only hide the line
@@ -112,16 +111,13 @@ def main_script_hidden() -> Iterator[None]:
             main.__file__ = file
 
 
-def run_on_ray(
-    np: int, address: str | None, arguments: tuple[Any, ...], framework: str
-) -> list[Any]:
+def run_on_ray(np: int, address: str | None, arguments: tuple[Any, ...]) -> list[Any]:
     """`_train_rank(*arguments)` in `np` Ray actors that Horovod's `RayExecutor` starts, one
     CPU each (and one GPU each where the cluster has them); each rank's result. A rank's
     exception is raised as itself, rank 0's first."""
     ray, executor_class = import_ray()
     started_here = not ray.is_initialized()
     if started_here:
-        use_framework(framework)  # the actors inherit the environment a local cluster starts in
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
     try:
         gpus = ray.cluster_resources().get("GPU", 0) >= np

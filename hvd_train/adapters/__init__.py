@@ -26,16 +26,14 @@ TENSORFLOW_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": 
 
 
 def use_framework(framework: str) -> None:
-    """Makes Keras run on `framework` (torch, for a Keras model trained under torch); for
-    TensorFlow, sets TENSORFLOW_ENVIRONMENT's defaults and imports it quietly. All of it takes
-    effect only before Keras and TensorFlow are imported, so this is called before a Python
-    recipe loads."""
-    if "keras" not in sys.modules:
-        os.environ["KERAS_BACKEND"] = framework
+    """Makes Keras run on `framework` (torch, for a Keras model trained under torch), and sets
+    TENSORFLOW_ENVIRONMENT's defaults for TensorFlow. Both take effect only before Keras and
+    TensorFlow are imported, so this is called before a Python recipe loads."""
     if framework == "tensorflow":
         for name, value in TENSORFLOW_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
-        import_tensorflow_quietly()
+    if "keras" not in sys.modules:
+        os.environ["KERAS_BACKEND"] = framework
 
 
 def import_tensorflow_quietly() -> None:
@@ -60,6 +58,8 @@ def import_tensorflow_quietly() -> None:
 
 def create_adapter(name: str) -> Adapter:
     use_framework(name)
+    if name == "tensorflow":
+        import_tensorflow_quietly()
     module_name, class_name = ADAPTERS[name].split(":")
     for other, binding in BINDINGS.items():
         if other != name and binding in sys.modules:
@@ -80,4 +80,12 @@ def create_adapter(name: str) -> Adapter:
     return adapter
 
 
-__all__ = ["ADAPTERS", "Adapter", "Arrays", "Elastic", "create_adapter", "use_framework"]
+__all__ = [
+    "ADAPTERS",
+    "Adapter",
+    "Arrays",
+    "Elastic",
+    "create_adapter",
+    "import_tensorflow_quietly",
+    "use_framework",
+]
