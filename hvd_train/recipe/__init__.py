@@ -7,6 +7,9 @@ model comes from the user's own function for torch and/or Keras.
 
 from __future__ import annotations
 
+import dataclasses
+from importlib import resources
+
 from hvd_train.layers import Layer
 from hvd_train.recipe.base import FRAMEWORKS, Recipe
 from hvd_train.recipe.python import is_python_reference, load_python_recipe
@@ -20,6 +23,9 @@ def load_recipe(reference: str) -> Recipe:
     (`package.module:NAME`)."""
     if is_python_reference(reference):
         return load_python_recipe(reference)
+    if (resources.files("hvd_train.recipes") / f"{reference}.py").is_file():
+        recipe = load_python_recipe(f"hvd_train.recipes.{reference}")
+        return dataclasses.replace(recipe, name=reference)
     return load_toml_recipe(reference)
 
 

@@ -20,10 +20,12 @@ TABLES = ("data", "model", "optimizer", "schedule", "horovod")
 
 
 def packaged_recipes() -> list[str]:
+    """The recipes that come with hvd_train, by name: TOML files, and Python modules (models
+    the layer list cannot say, like a residual network)."""
     return sorted(
         Path(entry.name).stem
         for entry in resources.files("hvd_train.recipes").iterdir()
-        if entry.name.endswith(".toml")
+        if entry.name.endswith((".toml", ".py")) and not entry.name.startswith("_")
     )
 
 

@@ -31,6 +31,14 @@ def test_packaged_recipes_load_by_name():
     assert load_recipe("mnist_bn").frameworks == ("torch", "tensorflow")
 
 
+def test_a_packaged_python_recipe_loads_by_name_too():
+    assert "resnet18" in packaged_recipes() and "__init__" not in packaged_recipes()
+    recipe = load_recipe("resnet18")
+    assert recipe.name == "resnet18" and recipe.source == "hvd_train.recipes.resnet18:recipe"
+    assert recipe.frameworks == ("torch", "tensorflow") and recipe.layout("torch") == "torch"
+    assert recipe.data.input_shape == (32, 32, 3) and recipe.data.dataset == "synthetic"
+
+
 def test_recipe_loads_by_path(tmp_path):
     path = tmp_path / "mine.toml"
     path.write_text(GOOD.replace("epochs = 2", "epochs = 7"))
