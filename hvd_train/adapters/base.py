@@ -7,6 +7,7 @@ The object collectives are written once here, over the binding's `hvd` module.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -37,6 +38,62 @@ Batch = tuple[np.ndarray, np.ndarray]  # inputs and int64 labels
 Loss = str | Callable[[Any, Any], Any]  # "cross_entropy", or (outputs, labels) -> mean loss
 
 
+# Gradients travel in buckets of about this size when they overlap the backward pass, so that
+# the bucket the pass finishes last is small. How it was chosen: docs/performance.md, "Overlap
+# and models of real size".
+BUCKET_BYTES = 4 * 2**20
+# "auto" times this many steps (after the first, which warms up) with the exchange after the
+# pass, then overlaps if the wait for it was at least SYNC_SHARE of the passes' time.
+TRIAL_STEPS, SYNC_SHARE = 4, 0.1
+
+
+def buckets(sizes: list[int], limit: int = BUCKET_BYTES) -> list[list[int]]:
+    """The gradients' indices in the order the backward pass makes them (the last layers'
+    first), in buckets closed as they reach `limit` bytes."""
+    groups: list[list[int]] = [[]]
+    filled = 0
+    for index in reversed(range(len(sizes))):
+        if filled >= limit:
+            groups.append([])
+            filled = 0
+        groups[-1].append(index)
+        filled += sizes[index]
+    return groups
+
+
+class OverlapChoice:
+    """Whether a step's gradients travel in buckets while its last backward pass goes on
+    (overlap), or in one group after it: the recipe's `[horovod] overlap`, or, for "auto",
+    decided from the first steps' own times. Each step carries the last step's times (T_comp,
+    T_sync) in its exchange, so every rank decides on the same, rank-averaged figures. Overlap
+    needs more than one bucket, and it costs cores the pass could use, so "auto" takes it only
+    where the exchange kept the step waiting."""
+
+    def __init__(self, setting: bool | str, bucket_count: int) -> None:
+        self.overlap = setting is True and bucket_count > 1
+        self.deciding = setting == "auto" and bucket_count > 1
+        self.steps, self.times = 0, np.zeros(2)
+        self.last = np.zeros(2)  # this rank's T_comp and T_sync in the step just taken
+
+    def flags(self, flags: np.ndarray) -> np.ndarray:
+        """The step's flags, with the last step's times for the others to see."""
+        return np.concatenate([np.asarray(flags, np.float64), self.last])
+
+    def record(self, result: StepResult, world_size: int) -> StepResult:
+        """Takes the rank-averaged times out of `result` (decides, once enough are in) and
+        returns the result as the step's caller knows it."""
+        self.last = np.array([result.compute_seconds, result.sync_seconds])
+        averaged = result.flags[-2:] / world_size
+        if self.deciding:
+            self.steps += 1
+            if self.steps > 2:  # the first step warms up; the second carries its times
+                self.times += averaged
+            if self.steps == TRIAL_STEPS + 2:
+                compute, sync = self.times
+                self.overlap, self.deciding = bool(sync >= SYNC_SHARE * compute), False
+        return dataclasses.replace(result, flags=result.flags[:-2])
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one training step tells every rank, all from the allreduce that averages the
@@ -47,6 +104,9 @@ class StepResult:
     flags: np.ndarray  # the flags each rank gave the step, summed over the ranks
     compute_seconds: float  # this rank's forward and backward passes (T_comp)
     sync_seconds: float  # its wait for the exchange after them, what they did not hide (T_sync)
+    # The last pass's time from its first full bucket of gradients to its end: how long a
+    # transfer could hide behind it (T_hide; 0 where the gradients make one bucket).
+    hide_seconds: float
 
 
 class ElasticState(Protocol):
@@ -88,9 +148,13 @@ class Adapter(ABC):
         """Initialises Horovod and pins this process to its GPU or its share of CPU threads."""
 
     @abstractmethod
-    def setup(self, model: Any, optimizer: Optimizer, loss: Loss, horovod: Horovod) -> None:
+    def setup(
+        self, model: Any, optimizer: Optimizer, loss: Loss, horovod: Horovod, precision: str
+    ) -> None:
         """Takes the model to train (a torch module, or a Keras model on this framework's
-        backend) onto the device, with the optimizer, the loss, and how gradients travel."""
+        backend) onto the device, with the optimizer, the loss, how gradients travel, and the
+        passes' precision ("fp32", "bf16-mixed", "fp16-mixed": the weights stay fp32, and
+        fp16's loss is scaled so that small gradients do not vanish)."""
 
     @abstractmethod
     def broadcast_state(self, include_optimizer: bool) -> None:
@@ -101,7 +165,8 @@ class Adapter(ABC):
         """Gives every rank rank 0's non-trained state (batchnorm's running statistics), as
         torch's DDP does before each forward pass; called before evaluating."""
 
-    @abstractmethod
+    overlap_choice: OverlapChoice  # made by setup, which knows the gradients' buckets
+
     def train_step(
         self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray
     ) -> StepResult:
@@ -109,6 +174,17 @@ class Adapter(ABC):
         backward_passes_per_step of them), the gradients averaged over batches and ranks, then
         the update. Batch k's dropout is seeded with `seed + k`. `flags` (small floats) travel
         with the gradients and come back summed over the ranks."""
+        choice = self.overlap_choice
+        result = self.step(batches, learning_rate, seed, choice.flags(flags), choice.overlap)
+        return choice.record(result, self.world_size)
+
+    @abstractmethod
+    def step(
+        self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray,
+        overlap: bool,
+    ) -> StepResult:  # fmt: skip
+        """`train_step` in this framework: with `overlap`, the gradients travel in buckets
+        while the last backward pass goes on, else in one group after it."""
 
     @abstractmethod
     def local_step(self, batches: list[Batch], seed: int) -> None:

@@ -9,6 +9,7 @@ broadcasts act on the `tf.Variable`s under the Keras variables.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.adapters.base import Adapter, Arrays, Batch, Loss, StepResult
+from hvd_train.adapters.base import Adapter, Arrays, Batch, Loss, OverlapChoice, StepResult, buckets
 from hvd_train.builders import keras_models
 from hvd_train.errors import UsageError
 from hvd_train.recipe.settings import Horovod, Optimizer
@@ -81,15 +82,25 @@ class TensorFlowAdapter(Adapter):
             tf.config.experimental.set_memory_growth(gpus[self.local_rank], True)
             tf.config.set_visible_devices(gpus[self.local_rank], "GPU")
         else:
-            tf.config.threading.set_intra_op_parallelism_threads(self.threads_per_rank())
-            tf.config.threading.set_inter_op_parallelism_threads(self.threads_per_rank())
+            threads = self.threads_per_rank()
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            # One op more at a time than cores: a pass's weight gradients (and so their
+            # buckets' allreduces) then need not wait behind its whole chain of input
+            # gradients, which one thread runs first (docs/performance.md, "Overlap").
+            tf.config.threading.set_inter_op_parallelism_threads(threads + 1)
 
-    def setup(self, model: Any, optimizer: Optimizer, loss: Loss, horovod: Horovod) -> None:
+    def setup(
+        self, model: Any, optimizer: Optimizer, loss: Loss, horovod: Horovod, precision: str
+    ) -> None:
+        # Mixed precision is the model's own Keras dtype policy, set as it was built.
         self.model = model
         self.loss: Callable[[Any, Any], tf.Tensor] = (
             cross_entropy if loss == "cross_entropy" else loss  # type: ignore[assignment]
         )
         self.optimizer = _optimizer(optimizer)
+        self.scaled = precision == "fp16-mixed"
+        if self.scaled:  # the loss scaled up, the gradients down (an overflow: a step skipped)
+            self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
         # Slots exist from the start, so the first broadcast covers them too.
         self.optimizer.build(self.model.trainable_variables)
         # sgd and adam take weight decay as an L2 term in the gradient, as torch does.
@@ -106,8 +117,21 @@ class TensorFlowAdapter(Adapter):
             if self.passes_per_step > 1
         ]
         self.seed_states = keras_models.seed_states(model)
+        sizes = [
+            np.dtype(v.dtype).itemsize * int(np.prod(v.shape)) for v in model.trainable_variables
+        ]
+        self.buckets = buckets(sizes)
+        self.overlap_choice = OverlapChoice(horovod.overlap, len(self.buckets))
+        self._compile()
+
+    def _compile(self) -> None:
+        """The step's graphs, each traced when first called; one for each way the gradients
+        travel."""
         self._compiled_accumulate = Compiled(self._accumulate, batch_arguments=2)
-        self._compiled_apply = Compiled(self._apply, batch_arguments=2)
+        self._compiled_apply = {
+            overlap: Compiled(functools.partial(self._apply, overlap=overlap), batch_arguments=2)
+            for overlap in (False, True)
+        }
         self._compiled_local = Compiled(self._local, batch_arguments=2)
         self._compiled_logits = Compiled(lambda x: self.model(x, training=False), batch_arguments=1)
 
@@ -122,27 +146,30 @@ class TensorFlowAdapter(Adapter):
         if buffers:
             hvd.broadcast_variables(buffers, root_rank=0)
 
-    def train_step(
-        self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray
-    ) -> StepResult:
+    def step(
+        self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray,
+        overlap: bool,
+    ) -> StepResult:  # fmt: skip
         started = time.time()  # the clock of tf.timestamp
         for index, (x, y) in enumerate(batches[:-1]):
             self._compiled_accumulate(x, y, tf.constant(seed + index, tf.int64))
         x, y = batches[-1]
-        control, norm, computed, synced = self._compiled_apply(
+        control, norm, first_full, computed, synced = self._compiled_apply[overlap](
             x, y, tf.constant(seed + len(batches) - 1, tf.int64),
             tf.constant(learning_rate, tf.float32), tf.constant(flags, tf.float32),
         )  # fmt: skip
         control = control.numpy()
         return StepResult(float(control[-1]), float(norm), control[:-1] * self.world_size,
-                          float(computed) - started, float(synced - computed))  # fmt: skip
+                          float(computed) - started, float(synced - computed),
+                          float(computed - first_full))  # fmt: skip
 
     def _gradients(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> tuple[Any, tf.Tensor]:
         for index, state in enumerate(self.seed_states):
             state.assign(tf.cast(tf.stack([seed, index]), state.dtype))
         with tf.GradientTape() as tape:
-            loss = self.loss(self.model(x, training=True), y)
-        return tape.gradient(loss, self.model.trainable_variables), loss
+            loss = self.loss(tf.cast(self.model(x, training=True), tf.float32), y)
+            scaled = self.optimizer.scale_loss(loss)  # fp16-mixed: by the loss scale
+        return tape.gradient(scaled, self.model.trainable_variables), loss
 
     def _accumulate(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> None:
         """One of several backward passes of a step: its gradients and loss, kept locally."""
@@ -152,12 +179,13 @@ class TensorFlowAdapter(Adapter):
 
     def _apply(
         self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor, learning_rate: tf.Tensor,
-        flags: tf.Tensor,
+        flags: tf.Tensor, overlap: bool,
     ) -> tuple[tf.Tensor, ...]:  # fmt: skip
         """The step's last backward pass, the average over ranks (of the gradients and, in the
         same allreduce, of the flags and the loss), and the update; with the times (of
-        tf.timestamp) when the passes and the exchange were done. One graph: Horovod's ops run
-        in it as soon as their inputs are ready, beside the rest."""
+        tf.timestamp) when the first bucket's gradients, the passes and the exchange were done.
+        One graph: Horovod's ops run in it as soon as their inputs are ready, beside the rest,
+        so with `overlap` each bucket's allreduce starts once the pass has made its gradients."""
         gradients, loss = self._gradients(x, y, seed)
         if self.accumulators:  # the earlier passes of this step, averaged locally first
             parts = zip(self.accumulators, [*gradients, loss], strict=True)
@@ -165,32 +193,62 @@ class TensorFlowAdapter(Adapter):
             for total in self.accumulators:
                 total.assign(tf.zeros_like(total))
         control = tf.concat([flags, tf.reshape(tf.cast(loss, tf.float32), [1])], axis=0)
-        with tf.control_dependencies([*gradients, control]):
+        with tf.control_dependencies([gradients[index] for index in self.buckets[0]]):
+            first_full = tf.timestamp()
+        with tf.control_dependencies([*gradients, control, first_full]):
             computed = tf.timestamp()
         if self.world_size > 1:  # alone, there is nothing to exchange
-            # One grouped allreduce of the gradients and the control values: one negotiation.
-            # Its op takes one dtype, so under fp16 compression the control values, which
-            # travel at full precision, take an allreduce of their own.
-            with tf.control_dependencies([computed]), tf.name_scope("hvd_train.step"):
-                if self.compression is hvd.Compression.none:
-                    *gradients, control = hvd.grouped_allreduce([*gradients, control],
-                                                                op=hvd.Average)  # fmt: skip
+            with tf.name_scope("hvd_train.step"):
+                if overlap:
+                    gradients, control = self._average(gradients, control, self.buckets)
                 else:
-                    control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
-                    gradients = hvd.grouped_allreduce(
-                        gradients, op=hvd.Average, compression=self.compression
-                    )
+                    with tf.control_dependencies([computed]):
+                        everything = [list(range(len(gradients)))]
+                        gradients, control = self._average(gradients, control, everything)
         with tf.control_dependencies([*gradients, control]):
             synced = tf.timestamp()
-        norm = tf.linalg.global_norm(gradients)
+        norm = self._update(gradients, learning_rate)
+        return control, norm, first_full if len(self.buckets) > 1 else computed, computed, synced
+
+    def _update(self, gradients: list[tf.Tensor], learning_rate: tf.Tensor) -> tf.Tensor:
+        """Applies the averaged gradients (clipped, with the L2 term); returns their norm
+        before clipping. Under fp16-mixed they arrive scaled, and the optimizer divides them
+        back, skipping the update (and lowering the scale) where they overflowed."""
+        scale = self.optimizer.dynamic_scale if self.scaled else 1.0
+        norm = tf.linalg.global_norm(gradients) / scale
         if self.clip_norm:  # on the averaged gradients, as the torch adapter does
-            gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm, use_norm=norm)
+            gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm * scale,
+                                                  use_norm=norm * scale)  # fmt: skip
         variables = self.model.trainable_variables
         if self.l2:
-            gradients = [g + self.l2 * v for g, v in zip(gradients, variables, strict=True)]
+            gradients = [g + self.l2 * scale * v for g, v in zip(gradients, variables, strict=True)]
         self.optimizer.learning_rate.assign(learning_rate)
         self.optimizer.apply_gradients(zip(gradients, variables, strict=True))
-        return control, norm, computed, synced
+        if self.scaled:  # an overflow is a step skipped, not a fault
+            norm = tf.where(tf.math.is_finite(norm), norm, 0.0)
+        return norm
+
+    def _average(
+        self, gradients: list[tf.Tensor], control: tf.Tensor, groups: list[list[int]]
+    ) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """The gradients averaged over the ranks in one grouped allreduce per group (one
+        negotiation each), the control values in the last. Horovod's grouped op takes one
+        dtype, so under fp16 compression the control values, which travel at full precision,
+        take an allreduce of their own."""
+        averaged = list(gradients)
+        with_control = self.compression is hvd.Compression.none
+        for number, group in enumerate(groups):
+            tensors = [gradients[index] for index in group]
+            last = with_control and number == len(groups) - 1
+            sums = hvd.grouped_allreduce([*tensors, control] if last else tensors, op=hvd.Average,
+                                         compression=self.compression)  # fmt: skip
+            for index, tensor in zip(group, sums, strict=False):
+                averaged[index] = tensor
+            if last:
+                control = sums[-1]
+        if not with_control:
+            control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
+        return averaged, control
 
     def local_step(self, batches: list[Batch], seed: int) -> None:
         for index, (x, y) in enumerate(batches):
@@ -209,10 +267,10 @@ class TensorFlowAdapter(Adapter):
         return lambda: reduce(tensors)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        return self._compiled_logits(x).numpy()
+        return tf.cast(self._compiled_logits(x), tf.float32).numpy()
 
     def eval_sums(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
-        logits = self._compiled_logits(x)
+        logits = tf.cast(self._compiled_logits(x), tf.float32)
         loss = float(self.loss(logits, tf.constant(y))) * len(y)
         return loss, int(tf.reduce_sum(tf.cast(tf.argmax(logits, axis=1) == y, tf.int32)))
 

@@ -2,12 +2,14 @@
 
 The model is a `torch.nn.Module`: built from the neutral layer list, a recipe's own module, or a
 Keras 3 model on Keras's torch backend (whose layers are torch modules too). Either way the
-gradients of its trainable parameters are averaged over the ranks in one grouped Horovod
-allreduce after the step's backward passes, as the TensorFlow adapter does.
+gradients of its trainable parameters are averaged over the ranks with Horovod's grouped
+allreduce: in one group after the step's backward passes, or in buckets while the last pass
+goes on (`Exchange`), as the TensorFlow adapter does.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -21,7 +23,17 @@ import torch.nn.functional as F
 from horovod.common.elastic import ObjectState
 from torch import nn
 
-from hvd_train.adapters.base import Adapter, Arrays, Batch, ElasticState, Loss, StepResult, T
+from hvd_train.adapters.base import (
+    Adapter,
+    Arrays,
+    Batch,
+    ElasticState,
+    Loss,
+    OverlapChoice,
+    StepResult,
+    T,
+    buckets,
+)
 from hvd_train.builders import keras_models
 from hvd_train.recipe.settings import Horovod, Optimizer
 
@@ -37,14 +49,17 @@ def seed_dropout(seed: int) -> None:
 
 class TorchModule:
     """A torch module as the adapter drives it. Images arrive channels-last (N, H, W, C) and
-    are handed to the module as torch's (N, C, H, W)."""
+    are handed to the module as torch's (N, C, H, W); under mixed precision it computes in
+    `autocast`'s dtype, and its outputs come back as fp32 for the loss."""
 
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
+    def __init__(self, module: nn.Module, autocast: torch.dtype | None) -> None:
+        self.module, self.autocast = module, autocast
 
     def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
         self.module.train(training)
-        return self.module(x.permute(0, 3, 1, 2) if x.dim() == 4 else x)
+        with torch.autocast(x.device.type, self.autocast, enabled=self.autocast is not None):
+            output: torch.Tensor = self.module(x.permute(0, 3, 1, 2) if x.dim() == 4 else x)
+        return output.float()
 
     def reseed(self, seed: int) -> None:
         seed_dropout(seed)
@@ -77,7 +92,7 @@ class KerasOnTorch:
 
     def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
         output: torch.Tensor = self.module(x, training=training)
-        return output
+        return output.float()  # mixed precision: Keras's policy, set as the model was built
 
     def reseed(self, seed: int) -> None:
         seed_dropout(seed)
@@ -133,6 +148,75 @@ class ElasticTorchState(ObjectState):
         super().sync()
 
 
+class Exchange:
+    """Averages the gradients over the ranks, and the control values (flags, loss) with them.
+
+    Without overlap: one grouped allreduce after the backward passes, so one negotiation and,
+    uncompressed, one fused transfer. With it: the gradients in buckets (`buckets`), each sent
+    from a hook as the last backward pass finishes its last gradient, so its transfer overlaps
+    the rest of the pass, as DDP's buckets do; the bucket the pass finishes last goes after it,
+    with the control values. The control values travel uncompressed. A parameter this rank
+    left without a gradient sends zeros, as another rank may have one.
+    """
+
+    def __init__(self, parameters: list[torch.Tensor], compression: Any) -> None:
+        self.parameters, self.compression = parameters, compression
+        self.buckets = buckets([p.numel() * p.element_size() for p in parameters])
+        self.watching = self.sending = False  # in the last pass: its buckets counted (sent)
+        self.waiting: list[int] = []  # per bucket: its gradients still to come in this pass
+        self.first_full: float | None = None  # when the pass filled its first bucket
+        self.sent: list[tuple[list[int], Any, tuple[Any, ...]]] = []
+        if len(self.buckets) > 1:
+            for bucket, indices in enumerate(self.buckets[:-1]):
+                for index in indices:
+                    self.parameters[index].register_post_accumulate_grad_hook(
+                        functools.partial(self._accumulated, bucket)
+                    )
+
+    def watch(self, send: bool) -> None:
+        """Counts the coming pass's gradients into buckets, and sends each full one if `send`."""
+        self.watching, self.sending = len(self.buckets) > 1, send
+        self.waiting = [len(indices) for indices in self.buckets]
+        self.first_full = None
+
+    def _accumulated(self, bucket: int, _: torch.Tensor) -> None:
+        if self.watching:
+            self.waiting[bucket] -= 1
+            if self.waiting[bucket] == 0:
+                self.first_full = self.first_full or time.perf_counter()
+                if self.sending:
+                    self._send(self.buckets[bucket], f"hvd_train.step.{bucket}")
+
+    def _send(self, indices: list[int], name: str, control: torch.Tensor | None = None) -> None:
+        gradients = [self.parameters[i].grad for i in indices]
+        gradients = [torch.zeros_like(self.parameters[i]) if g is None else g
+                     for i, g in zip(indices, gradients, strict=True)]  # fmt: skip
+        sent, contexts = zip(*map(self.compression.compress, gradients), strict=True)
+        extra = [] if control is None else [control]
+        handle = hvd.grouped_allreduce_async([*sent, *extra], op=hvd.Average, name=name)
+        self.sent.append((indices, handle, contexts))
+
+    def average(self, control: torch.Tensor) -> torch.Tensor:
+        """After the backward passes: sends what is not on its way yet (everything, without
+        overlap), waits, and puts the averages in .grad; returns the averaged control values."""
+        if self.sending:
+            last = len(self.buckets) - 1
+            for bucket in range(last):
+                if self.waiting[bucket]:  # a gradient this pass left out: sent as zeros
+                    self._send(self.buckets[bucket], f"hvd_train.step.{bucket}")
+            self._send(self.buckets[last], f"hvd_train.step.{last}", control)
+        else:
+            self._send(list(range(len(self.parameters))), "hvd_train.step", control)
+        self.watching = self.sending = False
+        for indices, handle, contexts in self.sent:
+            averages = hvd.synchronize(handle)
+            for index, average, context in zip(indices, averages, contexts, strict=False):
+                self.parameters[index].grad = self.compression.decompress(average, context)
+        control = averages[-1]
+        self.sent = []
+        return control
+
+
 class TorchAdapter(Adapter):
     name = "torch"
     hvd = hvd
@@ -155,20 +239,28 @@ class TorchAdapter(Adapter):
             torch.set_num_threads(self.threads_per_rank())
             self.device = torch.device("cpu")
 
-    def setup(self, model: Any, optimizer: Optimizer, loss: Loss, horovod: Horovod) -> None:
+    def setup(
+        self, model: Any, optimizer: Optimizer, loss: Loss, horovod: Horovod, precision: str
+    ) -> None:
         keras = sys.modules.get("keras")
         self.net: TorchModule | KerasOnTorch
         if keras is not None and isinstance(model, keras.Model):
             self.net = KerasOnTorch(model)
         else:
-            self.net = TorchModule(model.to(self.device))
+            self.net = TorchModule(model.to(self.device), AUTOCAST[precision])
+        # fp16's narrow range: the loss scaled up before the backward pass, the gradients
+        # down before the update, which is skipped (and the scale lowered) where they overflow.
+        self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16-mixed" else None
         self.loss: Callable[[Any, Any], torch.Tensor] = (
             F.cross_entropy if loss == "cross_entropy" else loss  # type: ignore[assignment]
         )
         self.clip_norm = optimizer.gradient_clip_norm
         fp16 = horovod.fp16_compression
-        self.compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
-        self.optimizer = _optimizer(optimizer, [p for _, p in self.net.trainable()])
+        compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+        parameters = [p for _, p in self.net.trainable()]
+        self.exchange = Exchange(parameters, compression)
+        self.overlap_choice = OverlapChoice(horovod.overlap, len(self.exchange.buckets))
+        self.optimizer = _optimizer(optimizer, parameters)
 
     def broadcast_state(self, include_optimizer: bool) -> None:
         if include_optimizer:
@@ -191,6 +283,8 @@ class TorchAdapter(Adapter):
             for key, value in self.optimizer.state.get(parameter, {}).items()
         }
         hvd.broadcast_parameters(tensors, root_rank=0)
+        if self.scaler is not None:
+            self.scaler.load_state_dict(self.broadcast_object(self.scaler.state_dict()))
 
     def sync_buffers(self) -> None:
         hvd.broadcast_parameters(self.net.buffers(), root_rank=0)
@@ -198,49 +292,51 @@ class TorchAdapter(Adapter):
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
 
-    def train_step(
-        self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray
-    ) -> StepResult:
+    def step(
+        self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray,
+        overlap: bool,
+    ) -> StepResult:  # fmt: skip
         started = time.perf_counter()
         losses = []
         for index, (x, y) in enumerate(batches):
             self.net.reseed(seed + index)
             inputs, labels = self._tensors(x, y)
             loss = self.loss(self.net.forward(inputs, training=True), labels)
-            (loss / len(batches)).backward()  # the batches' gradients add up in .grad
+            if index == len(batches) - 1:  # the last pass sends buckets as they fill
+                self.exchange.watch(send=overlap and self.exchanges)
+            scaled = loss if self.scaler is None else self.scaler.scale(loss)
+            (scaled / len(batches)).backward()  # the batches' gradients add up in .grad
             losses.append(loss.detach())
-        parameters = [p for _, p in self.net.trainable()]
         loss = torch.stack(losses).mean().float().cpu().reshape(1)
         control = torch.cat([torch.from_numpy(np.asarray(flags, np.float32)), loss])
         computed = time.perf_counter()
         if self.exchanges:
-            control = self._average(parameters, control)
+            control = self.exchange.average(control)
         synced = time.perf_counter()
+        norm = self._update(learning_rate)
+        hide = computed - (self.exchange.first_full or computed)
+        return StepResult(float(control[-1]), float(norm), control[:-1].numpy() * self.world_size,
+                          computed - started, synced - computed, hide)  # fmt: skip
+
+    def _update(self, learning_rate: float) -> torch.Tensor:
+        """Applies the averaged gradients (clipped, and unscaled under fp16-mixed); returns
+        their norm before clipping."""
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
+        parameters = self.exchange.parameters
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         norm = nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
         if self.clip_norm:
             nn.utils.clip_grads_with_norm_(parameters, self.clip_norm, norm)
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:  # the same averaged gradients on every rank: all skip an overflow alike
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            norm = norm if norm.isfinite() else torch.zeros(())  # a skipped step, not a fault
         self.optimizer.zero_grad()
-        return StepResult(float(control[-1]), float(norm), control[:-1].numpy() * self.world_size,
-                          computed - started, synced - computed)  # fmt: skip
-
-    def _average(self, parameters: list[torch.Tensor], control: torch.Tensor) -> torch.Tensor:
-        """Averages the gradients over the ranks, and the control values (flags and
-        loss) with them: one grouped allreduce after the backward passes, so one negotiation
-        and, uncompressed, one fused exchange per step. (Horovod's DistributedOptimizer
-        instead sends each gradient as the backward pass makes it; on CPU that exchange takes
-        the cores the backward pass needs, and it measured slower here: docs/performance.md.)
-        The control values travel uncompressed. A parameter this rank left without a gradient
-        sends zeros, as another rank may have one."""
-        gradients = [torch.zeros_like(p) if p.grad is None else p.grad for p in parameters]
-        sent, contexts = zip(*map(self.compression.compress, gradients), strict=True)
-        *averages, control = hvd.grouped_allreduce([*sent, control], op=hvd.Average,
-                                                   name="hvd_train.step")  # fmt: skip
-        for parameter, average, context in zip(parameters, averages, contexts, strict=True):
-            parameter.grad = self.compression.decompress(average, context)
-        return control
+        return norm
 
     def local_step(self, batches: list[Batch], seed: int) -> None:
         parameters = [p for _, p in self.net.trainable()]
@@ -257,7 +353,8 @@ class TorchAdapter(Adapter):
         self.optimizer.zero_grad()
 
     def gradient_allreduce(self) -> Callable[[], Any]:
-        dtype = torch.float16 if self.compression is hvd.Compression.fp16 else torch.float32
+        fp16 = self.exchange.compression is hvd.Compression.fp16
+        dtype = torch.float16 if fp16 else torch.float32
         tensors = [torch.zeros(p.shape, dtype=dtype) for _, p in self.net.trainable()]
         return lambda: hvd.grouped_allreduce(tensors, op=hvd.Average, name="hvd_train.bench")
 
@@ -293,18 +390,28 @@ class TorchAdapter(Adapter):
         return weights | {f"optimizer.{n}": a for n, a in self.optimizer_state().items()}
 
     def optimizer_state(self) -> Arrays:
-        """Each parameter's state tensors, keyed `<param index>.<name>` (`0.exp_avg`, ...)."""
+        """Each parameter's state tensors, keyed `<param index>.<name>` (`0.exp_avg`, ...),
+        and under fp16-mixed the loss scale and its count of steps since it last changed."""
         state = self.optimizer.state_dict()["state"]
-        return {
+        arrays = {
             f"{index}.{key}": value.detach().cpu().numpy().copy()
             for index, entries in state.items()
             for key, value in entries.items()
         }
+        if self.scaler is not None:
+            scaler = self.scaler.state_dict()
+            arrays |= {f"scaler.{key}": np.array(scaler[key]) for key in SCALER_STATE}
+        return arrays
 
     def load_optimizer_state(self, state: Arrays) -> None:
         """Restores `state`, which must hold state for every parameter, shaped like it."""
+        if self.scaler is not None and "scaler.scale" in state:
+            scaler = {key: state[f"scaler.{key}"].item() for key in SCALER_STATE}
+            self.scaler.load_state_dict(self.scaler.state_dict() | scaler)
         entries: dict[int, dict[str, torch.Tensor]] = {}
         for name, array in state.items():
+            if name.startswith("scaler."):
+                continue
             position, key = name.split(".", 1)
             entries.setdefault(int(position), {})[key] = torch.from_numpy(array)
         shapes = [tuple(p.shape) for _, p in self.net.trainable()]
@@ -316,6 +423,10 @@ class TorchAdapter(Adapter):
                     raise ValueError(f"{index}.{key} is {tuple(tensor.shape)}, not {shapes[index]}")
         current = self.optimizer.state_dict()
         self.optimizer.load_state_dict({"state": entries, "param_groups": current["param_groups"]})
+
+
+SCALER_STATE = ("scale", "_growth_tracker")  # what GradScaler's state_dict holds that changes
+AUTOCAST = {"fp32": None, "bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 
 
 def _optimizer(config: Optimizer, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +48,37 @@ class Built:
     layout: Layout
 
 
+# Keras's dtype policies for the recipe's precisions: compute in bf16 or fp16, weights in fp32.
+KERAS_POLICIES = {"fp32": "float32", "bf16-mixed": "mixed_bfloat16", "fp16-mixed": "mixed_float16"}
+
+
 def build_model(recipe: Recipe, framework: str, seed: int) -> Built:
     """The recipe's model under `framework`, built after seeding the framework, so every build
-    in a run (and in its resumed run) starts from the same weights."""
+    in a run (and in its resumed run) starts from the same weights. Keras layers are made under
+    the policy of the recipe's precision; a torch module computes in it under torch.autocast
+    (the adapter's)."""
     recipe.check_framework(framework)
     seed_framework(framework, seed)
+    with keras_precision(recipe.schedule.precision):
+        return _build(recipe, framework)
+
+
+@contextmanager
+def keras_precision(precision: str) -> Iterator[None]:
+    """Keras layers made inside compute in `precision` (where Keras is loaded at all)."""
+    keras = sys.modules.get("keras")
+    if keras is None:
+        yield
+        return
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(KERAS_POLICIES[precision])
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(before)
+
+
+def _build(recipe: Recipe, framework: str) -> Built:
     layout = recipe.layout(framework)
     if layout == "neutral":
         assert isinstance(recipe.data, Data) and recipe.data.input_shape is not None

@@ -16,6 +16,7 @@ such links, from the step it measured (see `projected_efficiency`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class RankTimes:
     examples: int
     compute: float  # a training step's forward and backward passes (T_comp)
     sync: float  # its wait for the exchange (T_sync)
+    hide: float  # how long a transfer could hide behind the last pass (T_hide)
     local: float  # a step without the exchange, taking its batches included
     allreduce: float  # a plain allreduce of the gradients' bytes
 
@@ -55,29 +57,31 @@ def time_rank(
     batches = [shard[i % len(shard)] for i in range(warmup + steps)]
     flags = np.zeros(2)
 
-    def phase(run: Callable[[list[Any], int], tuple[float, float]]) -> tuple[float, np.ndarray]:
+    def phase(run: Callable[[list[Any], int], tuple[float, ...]]) -> tuple[float, np.ndarray]:
         """The wall time of the timed steps, and the sums of the parts `run` returns."""
         adapter.allreduce_sum(np.zeros(1))  # every rank starts the phase together
-        started, parts = time.perf_counter(), np.zeros(2)
+        started, parts = time.perf_counter(), np.zeros(3)
         for index, indices in enumerate(batches):
             if index == warmup:
-                started, parts = time.perf_counter(), np.zeros(2)
+                started, parts = time.perf_counter(), np.zeros(3)
             parts += run([take(data.train, part) for part in indices], index)
         return time.perf_counter() - started, parts
 
-    def train(taken: list[Any], index: int) -> tuple[float, float]:
+    def train(taken: list[Any], index: int) -> tuple[float, ...]:
         result = adapter.train_step(taken, 1e-4, index, flags)
-        return result.compute_seconds, result.sync_seconds
+        return result.compute_seconds, result.sync_seconds, result.hide_seconds
 
-    def local(taken: list[Any], index: int) -> tuple[float, float]:
+    def local(taken: list[Any], index: int) -> tuple[float, ...]:
         adapter.local_step(taken, index)
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
 
-    wall, (compute, sync) = phase(train)
+    wall, (compute, sync, hide) = phase(train)
     local_wall, _ = phase(local)
     allreduce = adapter.time_gradient_allreduce(ALLREDUCE_REPEATS)
     examples = sum(len(part) for part in batches[-1])
-    return RankTimes(examples, compute / steps, sync / steps, local_wall / steps, allreduce), wall
+    per_step = RankTimes(examples, compute / steps, sync / steps, hide / steps,
+                         local_wall / steps, allreduce)  # fmt: skip
+    return per_step, wall
 
 
 def report(ranks: list[RankTimes], wall: float, steps: int, gradient_bytes: int) -> dict[str, Any]:
@@ -96,6 +100,7 @@ def report(ranks: list[RankTimes], wall: float, steps: int, gradient_bytes: int)
         "step_ms": round(step_ms, 2),
         "t_comp_ms": round(1000 * compute, 2),
         "t_sync_ms": round(1000 * sync, 2),
+        "t_hide_ms": round(1000 * ranks[0].hide, 2),
         "t_other_ms": round(step_ms - 1000 * (compute + sync), 2),
         "limit_images_per_second": round(limit, 1),
         "scaling_efficiency": round(images_per_second / limit, 3),
@@ -113,11 +118,14 @@ def projected_efficiency(figures: dict[str, Any], hosts: int, gbit_per_s: float)
     A ring allreduce makes every rank send (and receive) 2(N-1)/N of the gradients' bytes. The
     step measured here already holds everything else the exchange costs (negotiation, the
     fusion buffer, waiting for the slowest rank) over a link that is next to free (loopback or
-    a bridge). Both adapters exchange the gradients after the step's backward passes, so
-    nothing hides the bytes' time on the link: it lengthens the step, set against the step
-    without any exchange. Links' latency is left out: it is microseconds against milliseconds."""
+    a bridge). Unless the recipe turns overlap off, the gradients travel while the backward
+    pass goes on where the link is slow ("auto" takes overlap there), so the bytes' time on the
+    link hides behind the pass's last T_hide ms; the rest lengthens the step, set against the
+    step without any exchange. Links' latency is left out: microseconds against
+    milliseconds."""
     wire_ms = 2 * (hosts - 1) / hosts * figures["gradient_mb"] * 8 / gbit_per_s
-    return figures["local_step_ms"] / (figures["step_ms"] + wire_ms)
+    hidden_ms = 0.0 if figures["overlap"] is False else figures["t_hide_ms"]
+    return figures["local_step_ms"] / (figures["step_ms"] + max(0.0, wire_ms - hidden_ms))
 
 
 def projection(figures: dict[str, Any], links: list[float]) -> dict[str, dict[str, float]]:
@@ -151,6 +159,9 @@ def table(figures: dict[str, Any], title: str) -> str:
         f"  limit                {f['limit_images_per_second']:10.1f} images/s (every rank "
         "training alone, all at once)",
         f"  scaling efficiency   {100 * f['scaling_efficiency']:10.1f} %",
+        f"  overlap              {'on' if f['overlapped'] else 'off':>10} (setting: "
+        f"{json.dumps(f['overlap'])}); T_hide {f['t_hide_ms']:.2f} ms (the last pass after its "
+        "first full bucket)",
         f"  gradients            {f['gradient_mb']:10.3f} MB per step; {exchange}; a plain "
         f"allreduce of them takes {f['plain_allreduce_ms']:.2f} ms "
         f"({f['plain_allreduce_mb_per_s']} MB/s)",
@@ -202,6 +213,9 @@ def run_bench(
     weights = [a for name, a in adapter.trained_state().items() if name.startswith("weight.")]
     per_value = 2 if recipe.horovod.fp16_compression else 4
     figures = report(ranks, wall, steps, per_value * sum(a.size for a in weights))
+    # The recipe's setting, and whether the timed steps overlapped ("auto" decides by then).
+    figures["overlap"] = recipe.horovod.overlap
+    figures["overlapped"] = adapter.overlap_choice.overlap
     if links:
         figures["projection"] = projection(figures, links)
     threads = adapter.threads_per_rank()

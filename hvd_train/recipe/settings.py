@@ -19,6 +19,7 @@ LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCALING = ("linear", "sqrt", "none")
 DECAYS = ("none", "cosine")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10
 
 
@@ -125,8 +126,8 @@ class Optimizer(Settings):
 
 @dataclass(frozen=True)
 class Schedule(Settings):
-    """Epochs, the per-rank batch, and the learning rate over time: scaled with the world size,
-    warmed up linearly from the one-process rate, then decayed."""
+    """Epochs, the per-rank batch, the learning rate over time (scaled with the world size,
+    warmed up linearly from the one-process rate, then decayed), and the passes' precision."""
 
     section = "schedule"
     epochs: int = setting(1, kind=int, positive=True)
@@ -134,15 +135,26 @@ class Schedule(Settings):
     lr_scaling: str = setting("linear", kind=str, choices=LR_SCALING)
     warmup_epochs: float = setting(0.0, kind=float, minimum=0.0)
     decay: str = setting("none", kind=str, choices=DECAYS)
+    # Mixed precision: the passes compute in bf16 or fp16, the weights stay fp32.
+    precision: str = setting("fp32", kind=str, choices=PRECISIONS)
 
 
 @dataclass(frozen=True)
 class Horovod(Settings):
-    """How gradients travel: as fp16, and after how many local backward passes."""
+    """How gradients travel: as fp16; after how many local backward passes; and whether in
+    buckets while the last backward pass goes on (`overlap = true`), in one group after it
+    (`false`), or as hvd_train measures best (`"auto"`, see docs/performance.md)."""
 
     section = "horovod"
     fp16_compression: bool = setting(False, kind=bool)
     backward_passes_per_step: int = setting(1, kind=int, positive=True)
+    overlap: bool | str = "auto"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (isinstance(self.overlap, bool) or self.overlap == "auto"):
+            choices = 'choose true, false or "auto"'
+            raise self.fail("overlap", f"unknown value {self.overlap!r}; {choices}")
 
 
 SECTIONS: dict[str, type[Settings]] = {

@@ -22,8 +22,10 @@ for step, size in enumerate([64, 48, 64]):
     adapter.train_step(batches, 0.001, step, np.zeros(2))
     adapter.local_step(batches, step)
     adapter.eval_sums(*take(data.test, np.arange(size)))
-for name in ("accumulate", "apply", "local", "logits"):
-    print(name, getattr(adapter, "_compiled_" + name).graph.experimental_get_tracing_count())
+graphs = {"accumulate": adapter._compiled_accumulate, "local": adapter._compiled_local,
+          "apply": adapter._compiled_apply[False], "logits": adapter._compiled_logits}
+for name, compiled in graphs.items():
+    print(name, compiled.graph.experimental_get_tracing_count())
 """
 
 

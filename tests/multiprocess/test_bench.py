@@ -22,7 +22,7 @@ def figures(output: str) -> list[dict]:
 
 
 def test_report_splits_the_step_and_sets_it_against_the_limit():
-    rank = RankTimes(examples=64, compute=0.03, sync=0.01, local=0.04, allreduce=0.004)
+    rank = RankTimes(examples=64, compute=0.03, sync=0.01, hide=0.02, local=0.04, allreduce=0.004)
     f = report([rank, rank], wall=100 * 0.05, steps=100, gradient_bytes=2_000_000)
     assert f["images_per_second"] == pytest.approx(2560) and f["step_ms"] == pytest.approx(50)
     assert (f["t_comp_ms"], f["t_sync_ms"], f["t_other_ms"]) == pytest.approx((30, 10, 10))
@@ -30,17 +30,27 @@ def test_report_splits_the_step_and_sets_it_against_the_limit():
     assert f["scaling_efficiency"] == pytest.approx(0.8)
     assert f["plain_allreduce_mb_per_s"] == pytest.approx(500)
     assert f["step_exchange_mb_per_s"] == pytest.approx(200)
+    assert f["t_hide_ms"] == pytest.approx(20)
 
 
 def test_projection_adds_the_time_the_ring_sends_on_the_link():
-    f = {"step_ms": 50.0, "local_step_ms": 40.0, "gradient_mb": 1.0}
+    f = {"step_ms": 50.0, "local_step_ms": 40.0, "gradient_mb": 1.0, "t_hide_ms": 0.0,
+         "overlap": "auto"}  # fmt: skip
     # Two hosts: each sends 2(N-1)/N = all of its 1 MB, 8 Mbit: 80 ms at 0.1 Gbit/s; 64 hosts:
-    # 63/32 of it. The exchange follows the backward pass: nothing hides it.
+    # 63/32 of it. With one bucket, nothing hides it.
     assert projected_efficiency(f, 2, 0.1) == pytest.approx(40 / (50 + 80))
     assert projected_efficiency(f, 64, 0.1) == pytest.approx(40 / (50 + 160 * 63 / 64))
     assert projected_efficiency(f, 2, 10.0) == pytest.approx(40 / (50 + 0.8))
     # A link next to free leaves the step as it is.
     assert projected_efficiency(f, 2, 1e9) == pytest.approx(0.8)
+
+
+def test_projection_takes_off_what_the_backward_pass_hides_unless_overlap_is_off():
+    f = {"step_ms": 50.0, "local_step_ms": 40.0, "gradient_mb": 1.0, "t_hide_ms": 30.0}
+    # 80 ms on the link at 0.1 Gbit/s, of which the last pass hides 30; at 10 Gbit/s all 0.8.
+    assert projected_efficiency(f | {"overlap": "auto"}, 2, 0.1) == pytest.approx(40 / 100)
+    assert projected_efficiency(f | {"overlap": True}, 2, 10.0) == pytest.approx(0.8)
+    assert projected_efficiency(f | {"overlap": False}, 2, 0.1) == pytest.approx(40 / 130)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

@@ -68,9 +68,11 @@ def test_broadcast_then_steps_on_different_data_keep_replicas_identical(
 
 # Variants of plain SGD (no dropout) on 64 images a step: two ranks of 32 (or two passes of 16
 # each) must take the step one process takes on all 64 at once, if and only if the gradients
-# are averaged (and clipped, compressed, accumulated) as they should be. fp16 rounds.
+# are averaged (and clipped, compressed, accumulated, sent in buckets during the backward pass)
+# as they should be. fp16 rounds. With a dense layer of 16 MB the gradients fill two buckets.
 STEP_VARIANTS = {
     "sgd": ({}, 1e-6),
+    "overlap": ({"units = 128": "units = 4096", 'overlap = "auto"': "overlap = true"}, 1e-6),
     "clipped": ({"gradient_clip_norm = 0.0": "gradient_clip_norm = 0.05"}, 1e-6),
     "accumulated": ({"batch_size = 32": "batch_size = 16",
                      "backward_passes_per_step = 1": "backward_passes_per_step = 2"}, 1e-6),
@@ -101,6 +103,12 @@ def test_two_ranks_take_the_step_one_process_takes_on_both_batches(
     assert differ(reference, start)
     for rank in range(2):
         assert_same(load(tmp_path / f"trained-2-{rank}.npz"), reference, atol=tolerance)
+    if framework == "torch":  # the first bucket left while the pass went on, the last after it
+        on_the_way = np.load(tmp_path / "on-the-way-2-0.npy")
+        if variant == "overlap":
+            assert list(on_the_way) == [1, 1]
+        else:
+            assert not on_the_way.any()
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

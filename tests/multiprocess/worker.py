@@ -29,6 +29,13 @@ run = open_run(adapter, recipe, seed=100 + adapter.rank)  # a different start on
 np.savez(out / f"init-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
 adapter.broadcast_state(include_optimizer=False)
 np.savez(out / f"broadcast-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
+# Under torch, the buckets on their way when the pass reaches the model's first parameter.
+on_the_way: list[int] = []
+exchange = getattr(adapter, "exchange", None)
+if exchange is not None:
+    exchange.parameters[0].register_post_accumulate_grad_hook(
+        lambda _: on_the_way.append(len(exchange.sent))
+    )
 
 data = load_data(recipe, Path(data_dir))
 order = epoch_order(len(data.train), seed=0, epoch=0)
@@ -42,6 +49,7 @@ for step in range(int(steps)):
     taken = [take(data.train, batch) for batch in batches]
     adapter.train_step(taken, 0.01, step, np.zeros(2))
 np.savez(out / f"trained-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
+np.save(out / f"on-the-way-{adapter.world_size}-{adapter.rank}.npy", np.array(on_the_way))
 np.savez(out / f"optimizer-{adapter.world_size}-{adapter.rank}.npz", **adapter.optimizer_state())
 adapter.sync_buffers()
 np.savez(out / f"synced-{adapter.world_size}-{adapter.rank}.npz", **run.weights())

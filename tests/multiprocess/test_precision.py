@@ -1,0 +1,63 @@
+"""Mixed precision under the real `horovodrun -np 2`: bf16-mixed keeps mnist_cnn's accuracy,
+fp16-mixed trains through its loss scaling (a step whose gradients overflow is skipped, not a
+fault), and checkpoints keep fp32 weights either way."""
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import load_file
+
+from hvd_train.checkpoint import checkpoint_name
+from tests.conftest import FRAMEWORKS
+from tests.multiprocess.conftest import horovodrun
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+# mnist_cnn's layers on synthetic data, which it learns to nearly 100% in a few hundred steps.
+SYNTHETIC = """
+[data]
+dataset = "synthetic"
+input_shape = [28, 28, 1]
+num_classes = 10
+train_samples = 4096
+test_samples = 1024
+
+[model]
+layers = [
+  { type = "conv2d", filters = 32, kernel_size = 5 }, { type = "relu" },
+  { type = "maxpool2d", pool_size = 2 }, { type = "flatten" },
+  { type = "dense", units = 10 }, { type = "softmax" },
+]
+"""
+
+
+def train(output: Path, *arguments: str) -> dict:
+    horovodrun("-m", "hvd_train", "--output-dir", str(output), *arguments)
+    weights = load_file(output / "checkpoints" / checkpoint_name(1, 0) / "model.safetensors")
+    assert {str(array.dtype) for array in weights.values()} == {"float32"}
+    return json.loads((output / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_bf16_mixed_keeps_mnist_cnn_within_a_third_of_a_point_of_fp32(
+    framework, mnist_dir, tmp_path
+):
+    accuracy = {}
+    for precision in ("fp32", "bf16-mixed"):
+        arguments = ["--framework", framework, "--epochs", "1", "--data-dir", str(mnist_dir)]
+        summary = train(tmp_path / precision, *arguments, "--set", f"precision={precision}")
+        accuracy[precision] = summary["test_accuracy"]
+    print(f"mnist_cnn, one epoch at np=2 under {framework}: {accuracy}")
+    assert accuracy["fp32"] >= 0.98
+    assert abs(accuracy["bf16-mixed"] - accuracy["fp32"]) <= 0.003
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_fp16_mixed_trains_through_its_loss_scaling(framework, tmp_path):
+    (tmp_path / "synthetic.toml").write_text(SYNTHETIC)
+    summary = train(tmp_path / "run", "--recipe", str(tmp_path / "synthetic.toml"),
+                    "--framework", framework, "--epochs", "1",
+                    "--set", "precision=fp16-mixed")  # fmt: skip
+    # Loss scaling starts at 2^15-2^16: the first steps' gradients overflow fp16, and are skipped.
+    assert summary["test_accuracy"] >= 0.95, summary
