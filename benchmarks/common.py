@@ -1,6 +1,6 @@
 """What every baseline shares with hvd_train, so that only the training machinery differs: the
-model (hvd_train's own builders for the recipe's layers), the data (MNIST in memory, or
-synthetic), the batch per process, and how throughput is measured."""
+model (the recipe's torch module, or hvd_train's own builders for its layers), the data (MNIST
+in memory, or synthetic), the recipe's batch per process, and how throughput is measured."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ from hvd_train.data import load_data, take
 from hvd_train.recipe import Recipe, load_recipe
 from hvd_train.run import open_run
 
-BATCH = 64  # per process
-
 
 def setup(recipe_name: str) -> tuple[Recipe, object]:
     """The recipe and its training data (MNIST from $HVD_TRAIN_DATA_DIR, else the cache)."""
@@ -26,17 +24,18 @@ def setup(recipe_name: str) -> tuple[Recipe, object]:
     return recipe, load_data(recipe, Path(data_dir) if data_dir else None).train
 
 
-def batches(train, rank: int, world: int, count: int):
-    """`count` batches of BATCH from this process's share of a shuffled order."""
+def batches(train, batch: int, rank: int, world: int, count: int):
+    """`count` batches of `batch` from this process's share of a shuffled order."""
     order = np.random.default_rng(0).permutation(len(train))[rank::world]
     for step in range(count):
-        start = (step * BATCH) % (len(order) - BATCH)
-        yield take(train, order[start : start + BATCH])
+        start = (step * batch) % (len(order) - batch)
+        yield take(train, order[start : start + batch])
 
 
 def measure(
     step: Callable[[np.ndarray, np.ndarray], None],
     train,
+    batch: int,
     rank: int,
     world: int,
     steps: int,
@@ -45,13 +44,13 @@ def measure(
 ) -> float:
     """Images per second of `step` over `steps` steps after `warmup`, all processes together."""
     started = 0.0
-    for index, (x, y) in enumerate(batches(train, rank, world, warmup + steps)):
+    for index, (x, y) in enumerate(batches(train, batch, rank, world, warmup + steps)):
         if index == warmup:
             synchronise()
             started = time.perf_counter()
         step(x, y)
     synchronise()
-    return steps * BATCH * world / (time.perf_counter() - started)
+    return steps * batch * world / (time.perf_counter() - started)
 
 
 def alternate(
@@ -69,14 +68,15 @@ def alternate(
     # A world of one: the adapter sends nothing through Horovod.
     adapter = open_run(framework, recipe, seed=0).adapter
     flags, seconds = np.zeros(2), np.zeros(2)
-    for index, (x, y) in enumerate(batches(train, 0, 1, warmup + steps)):
+    batch = recipe.schedule.batch_size
+    for index, (x, y) in enumerate(batches(train, batch, 0, 1, warmup + steps)):
         started = time.perf_counter()
         adapter.train_step([(x, y)], 1e-3, index, flags)
         middle = time.perf_counter()
         plain_step(x, y)
         if index >= warmup:
             seconds += (middle - started, time.perf_counter() - middle)
-    hvd_train, plain = steps * BATCH / seconds
+    hvd_train, plain = steps * batch / seconds
     return hvd_train, plain
 
 

@@ -1,15 +1,25 @@
-"""Past this machine: how the gradient exchange fares on slower links, measured between two hosts
-and projected to more.
+"""Across two hosts on links of a given speed: hvd_train against DDP and against the limit.
 
-    sudo .venv/bin/python -m benchmarks.links [--links 10,1,0.1] [--steps 60] [--repeats 2]
-                                              [--json FILE] [--chart FILE.png]
+    sudo .venv/bin/python -m benchmarks.links [--recipe resnet18] [--links 10,1] [--steps 12]
+                                              [--repeats 2] [--json] [--chart FILE.png]
 
-Two hosts in network namespaces (`benchmarks.hosts`), one rank each, run `hvd-train bench` on
-synthetic data of mnist_cnn's shape: first on their bare link (a bridge, next to free), which
-gives the projection (`hvd-train bench --links`), then with each host's sending rate-limited by a
-`tc` token bucket to each link speed. Each with and without fp16 compression. It prints measured
-against projected scaling efficiency for two hosts, and charts the projection against
-hosts for each link. Each figure is the best of --repeats runs.
+Two hosts in network namespaces (`benchmarks.hosts`), one rank each, each host's sending
+rate-limited by a `tc` token bucket to each link speed, train the recipe on synthetic data of its
+shape, one system after another:
+
+  hvd_train               `hvd-train bench`, torch, overlap as the recipe says ("auto")
+  hvd_train_no_overlap    the same with `overlap=false`: one group after the backward pass
+  ddp                     torch's DistributedDataParallel (Gloo, default buckets), started by
+                          torchrun on each host with c10d rendezvous over the same link
+  tensorflow              `hvd-train bench --framework tensorflow`
+  limit                   the same two ranks training with no exchange at all, at once (the
+                          torch bench's second phase; `tensorflow_limit` likewise)
+
+Every system sees the same model, data, batch per rank and optimizer, one thread per rank (the
+two hosts share this machine's cores). Each figure is the best of --repeats rounds, and each
+ratio the best of the ratios taken within one round. First, on the bare link, `hvd-train bench
+--links` projects each hvd_train torch run's scaling efficiency; the shaped runs check it.
+`--json` prints one object; otherwise a table.
 """
 
 from __future__ import annotations
@@ -24,117 +34,177 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.hosts import HOSTS, Hosts, cannot_make_hosts, shape, two_hosts
-from benchmarks.run import BIN, PYTHON, machine, results
+from benchmarks.run import BIN, PYTHON, ROOT, machine, results
+from hvd_train.adapters import TENSORFLOW_ENVIRONMENT
 from hvd_train.commands.bench import projected_efficiency
 
 TOLERANCE = 0.15  # how far a projection may be from the shaped runs' figure
+RDZV_PORT = 29511
+SYSTEMS = ("hvd_train", "hvd_train_no_overlap", "ddp", "tensorflow")
+LIMITS = {"hvd_train": "limit", "hvd_train_no_overlap": "limit", "ddp": "limit",
+          "tensorflow": "tensorflow_limit"}  # fmt: skip
+# The two hosts share this machine's cores: one each, as the ranks of np=2 take them here.
+ONE_THREAD = {"HVD_TRAIN_THREADS": "1", "THREADS": "1"}
 
 
-def bench(hosts: Hosts, steps: int, fp16: bool, links: list[float]) -> dict[str, Any]:
+def environment() -> dict[str, str]:
+    return {**TENSORFLOW_ENVIRONMENT, **os.environ, **ONE_THREAD, "TF_CPP_MIN_LOG_LEVEL": "3",
+            "PYTHONPATH": str(ROOT)}  # fmt: skip
+
+
+def checked(jobs: list[subprocess.Popen[str]]) -> list[str]:
+    outputs = [job.communicate(timeout=1800)[0] for job in jobs]
+    for job, output in zip(jobs, outputs, strict=True):
+        if job.returncode != 0:
+            raise RuntimeError(f"{job.args} failed:\n{output[-3000:]}")
+    return outputs
+
+
+def bench(hosts: Hosts, recipe: str, steps: int, extra: list[str]) -> dict[str, Any]:
     """`hvd-train bench` with one rank on each host: rank 0's figures."""
     placement = ",".join(f"{name}:1" for name in HOSTS)
     command = [str(BIN / "horovodrun"), "-np", "2", "--gloo", "-H", placement,
                "--ssh-identity-file", str(hosts.key), "--network-interface", "eth0",
-               PYTHON, "-m", "hvd_train", "bench", "--synthetic", "--json",
-               "--steps", str(steps), "--set", f"fp16_compression={str(fp16).lower()}"]  # fmt: skip
-    if links:
-        command += ["--links", ",".join(f"{gbit:g}" for gbit in links)]
-    # The two hosts share this machine's cores: one each, as the ranks of np=2 take them here.
-    environment = os.environ | {"HVD_TRAIN_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)
-    if result.returncode != 0:
-        raise RuntimeError(f"{command} failed:\n{(result.stdout + result.stderr)[-3000:]}")
-    [figures] = results([result.stdout])
+               PYTHON, "-m", "hvd_train", "bench", "--recipe", recipe, "--synthetic", "--json",
+               "--steps", str(steps), "--warmup", "8", *extra]  # fmt: skip
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=environment(), cwd=ROOT)  # fmt: skip
+    [figures] = results(checked([job]))
     return figures
 
 
-def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    return max(runs, key=lambda figures: figures["images_per_second"])
+def ddp(hosts: Hosts, recipe: str, steps: int) -> float:
+    """DDP's images/s: torchrun on each host (inside its namespace), c10d rendezvous at the
+    first host, Gloo over the hosts' link."""
+    jobs, gloo = [], environment() | {"GLOO_SOCKET_IFNAME": "eth0"}
+    for number, (namespace, address) in enumerate(
+        zip(hosts.namespaces, HOSTS.values(), strict=True)
+    ):
+        # The first host keeps the rendezvous store (torchrun cannot tell by its host name,
+        # which the namespace does not have), and each host is reached at its own address.
+        command = ["ip", "netns", "exec", namespace, PYTHON, "-m", "torch.distributed.run",
+                   "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", f"{HOSTS['hvd-host-a']}:{RDZV_PORT}", "--rdzv-id", "links",
+                   "--rdzv-conf", f"is_host={str(number == 0).lower()}", "--local-addr", address,
+                   "-m", "benchmarks.torch_baselines", "ddp", recipe, str(steps)]  # fmt: skip
+        jobs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, cwd=ROOT, env=gloo))  # fmt: skip
+    [figures] = results(checked(jobs))
+    return figures["images_per_second"]
 
 
-def chart(projections: dict[bool, dict[str, Any]], measured: dict, path: Path) -> None:
+def round_of(hosts: Hosts, recipe: str, steps: int) -> dict[str, float]:
+    """One round of every system on the link as it is shaped now: images/s by name."""
+    torch = bench(hosts, recipe, steps, [])
+    no_overlap = bench(hosts, recipe, steps, ["--set", "overlap=false"])
+    tensorflow = bench(hosts, recipe, steps, ["--framework", "tensorflow"])
+    return {
+        "hvd_train": torch["images_per_second"],
+        "hvd_train_no_overlap": no_overlap["images_per_second"],
+        "ddp": ddp(hosts, recipe, steps),
+        "tensorflow": tensorflow["images_per_second"],
+        "limit": torch["limit_images_per_second"],
+        "tensorflow_limit": tensorflow["limit_images_per_second"],
+        "efficiency": torch["scaling_efficiency"],
+        "efficiency_no_overlap": no_overlap["scaling_efficiency"],
+        "overlapped": torch["overlapped"],
+    }
+
+
+def summary(gbit: float, rounds: list[dict[str, Any]], bare: dict[str, Any]) -> dict[str, Any]:
+    """The best of the rounds at one link speed, with each system's best ratio to its limit."""
+    row: dict[str, Any] = {"gbit_s": gbit}
+    for name in (*SYSTEMS, "limit", "tensorflow_limit"):
+        row[name] = max(figures[name] for figures in rounds)
+    row["of_limit"] = {name: round(max(f[name] / f[LIMITS[name]] for f in rounds), 3)
+                       for name in SYSTEMS}  # fmt: skip
+    row["hvd_train_vs_ddp"] = round(max(f["hvd_train"] / f["ddp"] for f in rounds), 3)
+    row["overlapped"] = [f["overlapped"] for f in rounds]
+    row["projected"] = {
+        name: round(projected_efficiency(bare[name], 2, gbit), 3)
+        for name in ("hvd_train", "hvd_train_no_overlap")
+    }
+    row["measured_efficiency"] = {
+        "hvd_train": max(f["efficiency"] for f in rounds),
+        "hvd_train_no_overlap": max(f["efficiency_no_overlap"] for f in rounds),
+    }
+    return row
+
+
+def chart(figures: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4.5), layout="constrained")
-    hosts = [1, 2, 4, 8, 16, 32, 64]
-    for number, gbit in enumerate(sorted({gbit for _, gbit in measured}, reverse=True)):
-        for fp16, style, mark in ((False, "-", "o"), (True, "--", "x")):
-            base = projections[fp16]
-            efficiency = [1.0] + [projected_efficiency(base, n, gbit) for n in hosts[1:]]
-            label = f"{gbit:g} Gbit/s" + (", fp16" if fp16 else "")
-            axis.plot(hosts, efficiency, style, color=f"C{number}", label=label)
-            axis.plot([2], [measured[fp16, gbit]], mark, color=f"C{number}")
-    axis.plot([], [], "ko", label="measured, two hosts (x: fp16)")
-    axis.set_xscale("log", base=2)
-    axis.set_xticks(hosts, [str(n) for n in hosts])
+    figure, axis = plt.subplots(figsize=(7, 4), layout="constrained")
+    width = 0.8 / len(SYSTEMS)
+    for number, name in enumerate(SYSTEMS):
+        places = [i + (number - 1.5) * width for i in range(len(figures["links"]))]
+        shares = [row["of_limit"][name] for row in figures["links"]]
+        axis.bar(places, shares, width, label=name.replace("_", " "))
+    axis.set_xticks(range(len(figures["links"])),
+                    [f"{row['gbit_s']:g} Gbit/s" for row in figures["links"]])  # fmt: skip
     axis.set_ylim(0, 1.05)
-    axis.set_xlabel("hosts (one rank each)")
-    axis.set_ylabel("scaling efficiency (images/s over N x one rank alone)")
-    axis.set_title("mnist_cnn, 64 images per rank and step: projected from two hosts")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize="small")
+    axis.set_ylabel("images/s over the limit (no exchange)")
+    axis.set_title(f"{figures['recipe']}, two hosts of one rank, {figures['gradient_mb']:.0f} MB "
+                   "of gradients a step")  # fmt: skip
+    axis.grid(axis="y", alpha=0.3)
+    axis.legend(fontsize="small", ncols=2)
     figure.savefig(path, dpi=100)
+
+
+def table(figures: dict[str, Any]) -> str:
+    header = "".join(f"{name:>22}" for name in (*SYSTEMS, "limit"))
+    lines = [f"{figures['recipe']} on two hosts, one rank each, {figures['gradient_mb']} MB of "
+             f"gradients a step; best of {figures['repeats']}; {figures['machine']}",
+             f"  link         {header}"]  # fmt: skip
+    for row in figures["links"]:
+        cells = "".join(f"{row[name]:9.1f} ({row['of_limit'][name]:.2f})".rjust(22)
+                        for name in SYSTEMS)  # fmt: skip
+        lines.append(f"  {row['gbit_s']:5g} Gbit/s {cells}{row['limit']:22.1f}")
+    lines.append("  images/s (the best ratio to its limit in one round); hvd_train over DDP:")
+    for row in figures["links"]:
+        lines.append(f"  {row['gbit_s']:5g} Gbit/s  {row['hvd_train_vs_ddp']:.2f}x; scaling "
+                     "efficiency measured against projected: " + ", ".join(
+                         f"{name} {row['measured_efficiency'][name]:.3f} / "
+                         f"{row['projected'][name]:.3f}" for name in row["projected"]))  # fmt: skip
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--links", default="10,1,0.1", help="Gbit/s, comma-separated")
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--recipe", default="resnet18")
+    parser.add_argument("--links", default="10,1", help="Gbit/s, comma-separated")
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
-    parser.add_argument("--chart", type=Path, help="draw the projected efficiency here")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--chart", type=Path, help="draw each system's share of the limit here")
     args = parser.parse_args()
     reason = cannot_make_hosts()
     if reason:
         sys.exit(f"benchmarks.links: {reason}")
     links = [float(gbit) for gbit in args.links.split(",")]
-    runs: dict[tuple[bool, float | None], list[dict[str, Any]]] = {}
+    rounds: dict[float, list[dict[str, Any]]] = {gbit: [] for gbit in links}
     with tempfile.TemporaryDirectory() as work, two_hosts(Path(work)) as hosts:
-        for _ in range(args.repeats):  # interleaved, so that slow spells hit every link
-            for fp16 in (False, True):
-                for gbit in [None, *links]:  # None: the bare link, the projection's base
-                    shape(hosts, gbit)
-                    figures = bench(hosts, args.steps, fp16, [] if gbit else links)
-                    runs.setdefault((fp16, gbit), []).append(figures)
         shape(hosts, None)
-    bases = {fp16: best(runs[fp16, None]) for fp16 in (False, True)}
-    measured, rows = {}, []
-    for (fp16, gbit), figures in runs.items():
-        if gbit is None:
-            continue
-        got, projected = best(figures), projected_efficiency(bases[fp16], 2, gbit)
-        # Efficiencies, not images/s: each run's own limit takes out how fast the machine was.
-        measured[fp16, gbit] = got["scaling_efficiency"]
-        rows.append({"fp16": fp16, "gbit_per_s": gbit, "step_ms": got["step_ms"],
-                     "t_sync_ms": got["t_sync_ms"], "images_per_second": got["images_per_second"],
-                     "measured_efficiency": got["scaling_efficiency"],
-                     "projected_efficiency": round(projected, 3)})  # fmt: skip
-    print(f"two hosts, one rank each, mnist_cnn (synthetic data), {args.steps} steps, best of "
-          f"{args.repeats}; {machine()}")  # fmt: skip
-    print("                           measured                      scaling efficiency")
-    print("  link         fp16   step ms  T_sync ms  images/s    measured  projected  ratio")
-    for row in rows:
-        ratio = row["projected_efficiency"] / row["measured_efficiency"]
-        verdict = "" if abs(ratio - 1) <= TOLERANCE else f"  (off by more than {TOLERANCE:.0%})"
-        print(f"  {row['gbit_per_s']:5g} Gbit/s {'yes' if row['fp16'] else 'no':>5} "
-              f"{row['step_ms']:9.1f} {row['t_sync_ms']:10.1f} {row['images_per_second']:9.0f} "
-              f"{100 * row['measured_efficiency']:10.1f} % "
-              f"{100 * row['projected_efficiency']:7.1f} % {ratio:6.2f}{verdict}")  # fmt: skip
-    for fp16, base in bases.items():
-        what = "projected scaling efficiency" + (" with fp16" if fp16 else "")
-        print(f"\n{what}, from the bare link ({base['images_per_second']:.0f} images/s, "
-              f"step {base['step_ms']} ms):")  # fmt: skip
-        for gbit, by_hosts in base["projection"].items():
-            cells = ", ".join(f"{n}: {100 * e:.0f} %" for n, e in by_hosts.items())
-            print(f"  {gbit:>5} Gbit/s  {cells}")
-    if args.json:
-        figures = {"machine": machine(), "rows": rows, "bare_link": bases}
-        args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+        gbits = ["--links", args.links]
+        bare = {"hvd_train": bench(hosts, args.recipe, args.steps, gbits),
+                "hvd_train_no_overlap": bench(hosts, args.recipe, args.steps,
+                                              [*gbits, "--set", "overlap=false"])}  # fmt: skip
+        for _ in range(args.repeats):  # interleaved, so that slow spells hit every link
+            for gbit in links:
+                shape(hosts, gbit)
+                rounds[gbit].append(round_of(hosts, args.recipe, args.steps))
+        shape(hosts, None)
+    figures = {"recipe": args.recipe, "gradient_mb": bare["hvd_train"]["gradient_mb"],
+               "machine": machine(), "repeats": args.repeats, "steps": args.steps,
+               "links": [summary(gbit, rounds[gbit], bare) for gbit in links],
+               "bare_link": bare,
+               "rounds": {f"{gbit:g}": rounds[gbit] for gbit in links}}  # fmt: skip
+    print(json.dumps(figures, indent=2) if args.json else table(figures))
     if args.chart:
-        chart(bases, measured, args.chart)
+        chart(figures, args.chart)
 
 
 if __name__ == "__main__":

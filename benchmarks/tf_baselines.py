@@ -50,7 +50,7 @@ def plain_step(recipe):
 
 
 def plain(recipe, train, steps: int) -> float:
-    return measure(plain_step(recipe), train, 0, 1, steps, WARMUP)
+    return measure(plain_step(recipe), train, recipe.schedule.batch_size, 0, 1, steps, WARMUP)
 
 
 def mwms(recipe, train, steps: int) -> float:
@@ -75,7 +75,7 @@ def mwms(recipe, train, steps: int) -> float:
     def barrier():
         strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("sum", 1.0))
 
-    return measure(step, train, rank, world, steps, WARMUP, barrier)
+    return measure(step, train, recipe.schedule.batch_size, rank, world, steps, WARMUP, barrier)
 
 
 if __name__ == "__main__":

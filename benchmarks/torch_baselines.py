@@ -24,8 +24,18 @@ WARMUP = 10
 
 
 def model_and_optimizer(recipe):
-    model = build_neutral(recipe.layers, recipe.data.input_shape).model
-    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+    """The recipe's model, and its optimizer in torch's fused form, as hvd_train makes them."""
+    if recipe.torch_model is not None:
+        model = recipe.torch_model()
+    else:
+        model = build_neutral(recipe.layers, recipe.data.input_shape).model
+    settings = recipe.optimizer
+    if settings.name == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=settings.learning_rate,
+                                    momentum=settings.momentum, fused=True)  # fmt: skip
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate, fused=True)
+    return model, optimizer
 
 
 def tensors(x, y):
@@ -66,7 +76,8 @@ def horovod(recipe, train, steps: int) -> float:
     def barrier():
         hvd.allreduce(torch.zeros(1), name="barrier")
 
-    return measure(step, train, hvd.rank(), hvd.size(), steps, WARMUP, barrier)
+    return measure(step, train, recipe.schedule.batch_size, hvd.rank(), hvd.size(), steps,
+                   WARMUP, barrier)  # fmt: skip
 
 
 def ddp(recipe, train, steps: int) -> float:
@@ -74,9 +85,8 @@ def ddp(recipe, train, steps: int) -> float:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    model, _ = model_and_optimizer(recipe)
-    model = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model, optimizer = model_and_optimizer(recipe)
+    model = torch.nn.parallel.DistributedDataParallel(model)  # its default buckets
 
     def step(x, y):
         inputs, labels = tensors(x, y)
@@ -85,7 +95,8 @@ def ddp(recipe, train, steps: int) -> float:
         optimizer.step()
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    result = measure(step, train, rank, world, steps, WARMUP, dist.barrier)
+    result = measure(step, train, recipe.schedule.batch_size, rank, world, steps, WARMUP,
+                     dist.barrier)  # fmt: skip
     dist.destroy_process_group()
     return result
 
