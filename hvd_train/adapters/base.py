@@ -70,8 +70,15 @@ class OverlapChoice:
     where the exchange kept the step waiting."""
 
     def __init__(self, setting: bool | str, bucket_count: int) -> None:
-        self.overlap = setting is True and bucket_count > 1
-        self.deciding = setting == "auto" and bucket_count > 1
+        self.setting, self.bucket_count = setting, bucket_count
+        self.restart()
+
+    def restart(self) -> None:
+        """Back to the first step's choice, on every rank at once (after an elastic reset), so
+        that a worker that just joined decides with the others: ranks that sent their
+        gradients in different groups would wait for each other for ever."""
+        self.overlap = self.setting is True and self.bucket_count > 1
+        self.deciding = self.setting == "auto" and self.bucket_count > 1
         self.steps, self.times = 0, np.zeros(2)
         self.last = np.zeros(2)  # this rank's T_comp and T_sync in the step just taken
 

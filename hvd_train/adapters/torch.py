@@ -376,7 +376,8 @@ class TorchAdapter(Adapter):
 
     def run_elastic(self, loop: Callable[[ElasticState], T]) -> T:
         state = ElasticTorchState(self)
-        state.register_reset_callbacks([self._pin])  # the world changed: new rank, new share
+        # The world changed: a new rank, a new share of the cores, and overlap decided anew.
+        state.register_reset_callbacks([self._pin, self.overlap_choice.restart])
         return hvd.elastic.run(loop)(state)
 
     def weights(self) -> Arrays:

@@ -63,3 +63,11 @@ def test_every_rank_decides_on_the_times_averaged_over_the_ranks():
     for _ in range(TRIAL_STEPS + 2):  # this rank never waited; the other waited long
         choice.record(result(1.0, 0.0, averaged=(1.0, 0.3)), world_size=2)
     assert choice.overlap
+
+
+def test_a_restart_decides_anew_as_a_worker_that_just_joined_does():
+    joined, veteran = OverlapChoice("auto", 3), OverlapChoice("auto", 3)
+    run(veteran, TRIAL_STEPS + 2, compute=1.0, sync=0.3)
+    assert veteran.overlap and not joined.overlap
+    veteran.restart()  # an elastic reset, on every worker
+    assert run(veteran, 3, 1.0, 0.3) == run(joined, 3, 1.0, 0.3) == [False] * 3
