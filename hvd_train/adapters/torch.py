@@ -188,9 +188,8 @@ class Exchange:
                     self._send(self.buckets[bucket], f"hvd_train.step.{bucket}")
 
     def _send(self, indices: list[int], name: str, control: torch.Tensor | None = None) -> None:
-        gradients = [self.parameters[i].grad for i in indices]
-        gradients = [torch.zeros_like(self.parameters[i]) if g is None else g
-                     for i, g in zip(indices, gradients, strict=True)]  # fmt: skip
+        parameters = [self.parameters[i] for i in indices]
+        gradients = [torch.zeros_like(p) if p.grad is None else p.grad for p in parameters]
         sent, contexts = zip(*map(self.compression.compress, gradients), strict=True)
         extra = [] if control is None else [control]
         handle = hvd.grouped_allreduce_async([*sent, *extra], op=hvd.Average, name=name)
