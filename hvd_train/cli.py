@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also project the scaling efficiency at 2 to 64 hosts on links of "
                        "these Gbit/s, as 10,1,0.1; needs 2 or more ranks")  # fmt: skip
     plot = commands.add_parser(
-        "plot", help="draw the loss, accuracy and learning-rate curves of runs side by side"
+        "plot", help="draw the loss, metric and learning-rate curves of runs side by side"
     )
     plot.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="a run's --output-dir")
     plot.add_argument(
@@ -246,6 +246,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_launch(args: argparse.Namespace) -> int:
     from hvd_train.launching import launch
+    from hvd_train.scoring import describe, evaluation_figures
 
     summary = launch(args.recipe, args.np, args.framework, backend=args.backend,
                      hosts=args.hosts, address=args.address,
@@ -253,8 +254,8 @@ def run_launch(args: argparse.Namespace) -> int:
                      **overrides(args))  # fmt: skip
     print(
         f"hvd-train launch: {summary['recipe']} under {summary['framework']} on "
-        f"{summary['world_size']} ranks ({args.backend}): test accuracy "
-        f"{summary['test_accuracy']:.2%} after {summary['train_seconds']:.1f} s of training"
+        f"{summary['world_size']} ranks ({args.backend}): {describe(evaluation_figures(summary))} "
+        f"after {summary['train_seconds']:.1f} s of training"
     )
     return 0
 
@@ -273,6 +274,7 @@ def run_show_recipe(args: argparse.Namespace) -> int:
 def run_eval(args: argparse.Namespace) -> int:
     from hvd_train.api import DEFAULT_FRAMEWORK
     from hvd_train.commands.evaluate import evaluate_checkpoint
+    from hvd_train.scoring import describe, evaluation_figures
 
     framework = args.framework or DEFAULT_FRAMEWORK
     result = evaluate_checkpoint(args.checkpoint, framework, args.data_dir, args.recipe)
@@ -283,7 +285,7 @@ def run_eval(args: argparse.Namespace) -> int:
     else:
         print(
             f"{result['checkpoint']} ({result['written_by']}) under {result['framework']}: "
-            f"test accuracy {result['test_accuracy']:.2%}, test loss {result['test_loss']:.4f}"
+            f"{describe(evaluation_figures(result))}"
         )
     return 0
 

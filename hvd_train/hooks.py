@@ -17,6 +17,7 @@ from hvd_train.evaluation import evaluate
 from hvd_train.options import RunOptions
 from hvd_train.position import Position
 from hvd_train.progress import EpochProgress
+from hvd_train.scoring import describe
 
 if TYPE_CHECKING:
     from hvd_train.trainer import Trainer
@@ -112,25 +113,25 @@ class ReplicaCheck(Hook):
 
 
 class Evaluation(Hook):
-    """The test set's loss and accuracy at each epoch's end, recorded, then checkpointed with
-    the epoch, then shown in one line on rank 0."""
+    """The test set's loss and the recipe's metrics at each epoch's end, recorded, then
+    checkpointed with the epoch, then shown in one line on rank 0."""
 
     def before_epoch(self, trainer: Trainer, epoch: int, first_step: int) -> None:
         self.started = time.perf_counter()
 
     def after_epoch(self, trainer: Trainer, epoch: int, train_loss: float) -> None:
-        test_loss, accuracy = evaluate(trainer.adapter, trainer.data.test)
+        results = evaluate(trainer.adapter, trainer.data.test, trainer.recipe.metric_functions)
         end = Position(epoch + 1, 0)
         trainer.metrics.eval(epoch + 1, trainer.plan.global_step(end), trainer.examples(end),
-                             test_loss, accuracy)  # fmt: skip
-        trainer.last_eval = (test_loss, accuracy)
+                             results)  # fmt: skip
+        trainer.last_eval = results
         trainer.save_snapshot(end)
         if trainer.elastic_state:
             trainer.commit(end)
         if trainer.adapter.is_rank_zero:
             tqdm.write(
                 f"epoch {epoch + 1}/{trainer.recipe.schedule.epochs}: train loss "
-                f"{train_loss:.4f}, test loss {test_loss:.4f}, test accuracy {accuracy:.2%} "
+                f"{train_loss:.4f}, {describe(results)} "
                 f"({time.perf_counter() - self.started:.1f} s)"
             )
 

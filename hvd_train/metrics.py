@@ -17,14 +17,12 @@ from typing import Any
 
 from hvd_train.errors import UsageError
 
-# metrics.jsonl keys -> TensorBoard tags
+# metrics.jsonl keys -> TensorBoard tags; an evaluation's `test_<name>` is `test/<name>`
 TAGS = {
     "loss": "train/loss",
     "learning_rate": "train/learning_rate",
     "images_per_second": "speed/images_per_second",
     "step_ms": "speed/step_ms",
-    "test_loss": "test/loss",
-    "test_accuracy": "test/accuracy",
 }
 
 
@@ -62,9 +60,10 @@ class MetricsWriter:
                 raise FileNotFoundError(errno.ENOENT, "No such file or directory")
 
             self.board = SummaryWriter(str(self.path.parent), purge_step=self.purge_from)
-        for key, tag in TAGS.items():
-            if key in record:
-                self.board.add_scalar(tag, record[key], record["samples"])
+        for key, value in record.items():
+            tag = TAGS.get(key) or (key.replace("_", "/", 1) if key.startswith("test_") else None)
+            if tag:
+                self.board.add_scalar(tag, value, record["samples"])
         self.board.flush()
 
     def train(self, epoch: int, step: int, samples: int, loss: float, learning_rate: float,
@@ -76,11 +75,11 @@ class MetricsWriter:
                       "images_per_second": round(images_per_second, 1),
                       "step_ms": round(step_ms, 2)})  # fmt: skip
 
-    def eval(
-        self, epoch: int, step: int, samples: int, test_loss: float, test_accuracy: float
-    ) -> None:
+    def eval(self, epoch: int, step: int, samples: int, results: dict[str, float]) -> None:
+        """An evaluation's loss and metrics, as `test_<name>`."""
+        figures = {f"test_{name}": value for name, value in results.items()}
         self._append({"kind": "eval", "epoch": epoch, "step": step, "samples": samples,
-                      "test_loss": test_loss, "test_accuracy": test_accuracy})  # fmt: skip
+                      **figures})  # fmt: skip
 
     def keep_until(self, samples: int) -> None:
         """Drops the records after `samples`: the run goes back there and records them anew."""

@@ -1,4 +1,4 @@
-"""`hvd-train plot`: loss, accuracy and learning-rate curves of one or several runs, side by
+"""`hvd-train plot`: loss, metric and learning-rate curves of one or several runs, side by
 side, against the epochs trained (so runs of different world sizes line up)."""
 
 from __future__ import annotations
@@ -8,8 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from hvd_train.errors import UsageError
+from hvd_train.scoring import PERCENT
 
-PANELS = ("loss", "test accuracy", "learning rate")
+
+def metric_names(runs: list[list[dict[str, Any]]]) -> list[str]:
+    """The metrics the runs' evaluations recorded (`test_<name>`, the loss aside), in the
+    order first seen."""
+    names = {key[5:]: None for records in runs for record in records if record["kind"] == "eval"
+             for key in record if key.startswith("test_") and key != "test_loss"}  # fmt: skip
+    return list(names)
 
 
 def read_run(run: Path) -> tuple[str, list[dict[str, Any]]]:
@@ -30,30 +37,24 @@ def read_run(run: Path) -> tuple[str, list[dict[str, Any]]]:
 
 
 def plot_runs(runs: list[Path], output: Path) -> list[str]:
-    """Draws the runs' curves into `output` (PNG): one panel per metric, one line (or two, for
-    the loss: training and test) per run. Returns the panels' titles."""
+    """Draws the runs' curves into `output` (PNG): the loss (training and test), each metric
+    the evaluations recorded, and the learning rate; one line per run in each panel. Returns
+    the panels' titles."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     from matplotlib import pyplot as plt
 
-    figure, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4), layout="constrained")
-    for run in runs:
-        label, records = read_run(run)
-        train = [r for r in records if r["kind"] == "train"]
-        test = [r for r in records if r["kind"] == "eval"]
-        line = axes[0].plot([r["epochs"] for r in train], [r["loss"] for r in train], label=label)
-        color = line[0].get_color()
-        axes[0].plot([r["epochs"] for r in test], [r["test_loss"] for r in test], "o--",
-                     color=color, label=f"{label}, test")  # fmt: skip
-        axes[1].plot([r["epochs"] for r in test], [100 * r["test_accuracy"] for r in test],
-                     "o-", color=color, label=label)  # fmt: skip
-        axes[2].plot([r["epochs"] for r in train], [r["learning_rate"] for r in train],
-                     color=color, label=label)  # fmt: skip
-    for axis, title, unit in zip(axes, PANELS, ("", "%", ""), strict=True):
+    read = [read_run(run) for run in runs]
+    metrics = metric_names([records for _, records in read])
+    panels = ["loss", *(f"test {name.replace('_', ' ')}" for name in metrics), "learning rate"]
+    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), layout="constrained")
+    for label, records in read:
+        draw_run(axes, label, records, metrics)
+    for axis, title, name in zip(axes, panels, ["", *metrics, ""], strict=True):
         axis.set_title(title)
         axis.set_xlabel("epochs")
-        axis.set_ylabel(f"{title} ({unit})" if unit else title)
+        axis.set_ylabel(f"{title} (%)" if name in PERCENT else title)
         axis.grid(alpha=0.3)
     axes[0].set_yscale("log")
     axes[0].legend(fontsize="small")
@@ -64,3 +65,20 @@ def plot_runs(runs: list[Path], output: Path) -> list[str]:
     finally:
         plt.close(figure)
     return [axis.get_title() for axis in axes]
+
+
+def draw_run(axes: Any, label: str, records: list[dict[str, Any]], metrics: list[str]) -> None:
+    """One run's lines, in one colour: its loss, `metrics` and learning rate, panel by panel."""
+    train = [r for r in records if r["kind"] == "train"]
+    test = [r for r in records if r["kind"] == "eval"]
+    line = axes[0].plot([r["epochs"] for r in train], [r["loss"] for r in train], label=label)
+    color = line[0].get_color()
+    axes[0].plot([r["epochs"] for r in test], [r["test_loss"] for r in test], "o--",
+                 color=color, label=f"{label}, test")  # fmt: skip
+    for axis, name in zip(axes[1:-1], metrics, strict=True):
+        scale = 100 if name in PERCENT else 1
+        shown = [r for r in test if f"test_{name}" in r]
+        axis.plot([r["epochs"] for r in shown], [scale * r[f"test_{name}"] for r in shown], "o-",
+                  color=color, label=label)  # fmt: skip
+    axes[-1].plot([r["epochs"] for r in train], [r["learning_rate"] for r in train],
+                  color=color, label=label)  # fmt: skip

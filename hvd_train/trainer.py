@@ -60,7 +60,7 @@ class Trainer:
         self.throughput = Throughput()
         self.elastic_state: ElasticState | None = None
         self.requests = StopRequests()
-        self.last_eval = (float("nan"), float("nan"))  # test loss and accuracy
+        self.last_eval = dict.fromkeys(["loss", *self.recipe.metric_functions], float("nan"))
         self.resize()
 
     def resize(self) -> None:
@@ -218,8 +218,7 @@ class Trainer:
             "epochs": recipe.schedule.epochs,
             "global_batch_size": self.plan.global_batch,
             "learning_rate": self.schedule.peak,
-            "test_accuracy": self.last_eval[1],
-            "test_loss": self.last_eval[0],
+            **{f"test_{name}": value for name, value in self.last_eval.items()},
             "train_seconds": round(seconds, 2),
             **self.throughput.figures(),
             "hosts": dict(Counter(adapter.allgather_object(host_name()))),

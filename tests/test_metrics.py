@@ -22,13 +22,13 @@ def writer(folder, enabled=True) -> MetricsWriter:
 def test_records_carry_samples_and_epochs_and_reach_tensorboard(tmp_path):
     metrics = writer(tmp_path)
     metrics.train(1, 10, 640, 0.5, 0.001, 1234.56, 7.891)
-    metrics.eval(1, 16, 1000, 0.25, 0.9)
+    metrics.eval(1, 16, 1000, {"loss": 0.25, "accuracy": 0.9, "mse": 0.5})
     metrics.close()
     assert records(tmp_path) == [
         {"kind": "train", "epoch": 1, "step": 10, "samples": 640, "loss": 0.5,
          "learning_rate": 0.001, "images_per_second": 1234.6, "step_ms": 7.89, "epochs": 0.64},
         {"kind": "eval", "epoch": 1, "step": 16, "samples": 1000, "test_loss": 0.25,
-         "test_accuracy": 0.9, "epochs": 1.0},
+         "test_accuracy": 0.9, "test_mse": 0.5, "epochs": 1.0},
     ]  # fmt: skip
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -37,6 +37,7 @@ def test_records_carry_samples_and_epochs_and_reach_tensorboard(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("test/accuracy")] == [
         (1000, pytest.approx(0.9))
     ]
+    assert [(e.step, e.value) for e in events.Scalars("test/mse")] == [(1000, 0.5)]
 
 
 def test_only_the_writing_rank_writes(tmp_path):

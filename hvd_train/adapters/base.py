@@ -34,7 +34,7 @@ OBJECT_COLLECTIVE = "hvd_train.object"
 # was measured: docs/performance.md.
 HOROVOD_DEFAULTS = {"HOROVOD_CYCLE_TIME": "3"}
 Arrays = dict[str, np.ndarray]
-Batch = tuple[np.ndarray, np.ndarray]  # inputs and int64 labels
+Batch = tuple[np.ndarray, Any]  # inputs and labels (an array, or a tuple of them), from `take`
 Loss = str | Callable[[Any, Any], Any]  # "cross_entropy", or (outputs, labels) -> mean loss
 
 
@@ -217,8 +217,9 @@ class Adapter(ABC):
         """The model's outputs (before any softmax), in inference mode."""
 
     @abstractmethod
-    def eval_sums(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
-        """The recipe's loss summed over one local batch, and the number of correct answers."""
+    def eval_batch(self, x: np.ndarray, y: Any) -> tuple[float, np.ndarray]:
+        """One local batch in inference mode: the recipe's loss summed over its examples (the
+        batch's mean loss times its size), and the model's outputs, as fp32."""
 
     @abstractmethod
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:

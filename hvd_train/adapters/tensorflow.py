@@ -26,6 +26,8 @@ from hvd_train.recipe.settings import Horovod, Optimizer
 
 
 def cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """The mean over every example, and every position: logits (N, ..., C) for integer
+    labels (N, ...)."""
     return tf.reduce_mean(
         keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     )
@@ -45,8 +47,10 @@ class Compiled:
 
     def __call__(self, *arguments: Any) -> Any:
         if not self.traced:
-            batch = arguments[: self.batch_arguments]
-            specs = [tf.TensorSpec([None, *np.shape(a)[1:]], tf.as_dtype(a.dtype)) for a in batch]
+            batch = arguments[: self.batch_arguments]  # arrays, or tuples of them (labels)
+            specs = tf.nest.map_structure(
+                lambda a: tf.TensorSpec([None, *np.shape(a)[1:]], tf.as_dtype(a.dtype)), batch
+            )
             try:
                 self.graph.get_concrete_function(*specs, *arguments[self.batch_arguments :])
             except tf.errors.OperatorNotAllowedInGraphError as error:
@@ -269,10 +273,10 @@ class TensorFlowAdapter(Adapter):
     def logits(self, x: np.ndarray) -> np.ndarray:
         return tf.cast(self._compiled_logits(x), tf.float32).numpy()
 
-    def eval_sums(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
-        logits = tf.cast(self._compiled_logits(x), tf.float32)
-        loss = float(self.loss(logits, tf.constant(y))) * len(y)
-        return loss, int(tf.reduce_sum(tf.cast(tf.argmax(logits, axis=1) == y, tf.int32)))
+    def eval_batch(self, x: np.ndarray, y: Any) -> tuple[float, np.ndarray]:
+        outputs = tf.cast(self._compiled_logits(x), tf.float32)
+        labels = tf.nest.map_structure(tf.constant, y)
+        return float(self.loss(outputs, labels)) * len(x), outputs.numpy()
 
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         tensor = tf.constant(np.asarray(values, dtype=np.float64))

@@ -47,6 +47,12 @@ def seed_dropout(seed: int) -> None:
         torch.cuda.manual_seed(seed)
 
 
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The mean over every example, and every position: logits (N, ..., C) for integer labels
+    (N, ...), classes last as in Keras (torch's own takes them second)."""
+    return F.cross_entropy(logits.flatten(0, -2), labels.flatten())
+
+
 class TorchModule:
     """A torch module as the adapter drives it. Images arrive channels-last (N, H, W, C) and
     are handed to the module as torch's (N, C, H, W); under mixed precision it computes in
@@ -251,7 +257,7 @@ class TorchAdapter(Adapter):
         # down before the update, which is skipped (and the scale lowered) where they overflow.
         self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16-mixed" else None
         self.loss: Callable[[Any, Any], torch.Tensor] = (
-            F.cross_entropy if loss == "cross_entropy" else loss  # type: ignore[assignment]
+            cross_entropy if loss == "cross_entropy" else loss  # type: ignore[assignment]
         )
         self.clip_norm = optimizer.gradient_clip_norm
         fp16 = horovod.fp16_compression
@@ -288,8 +294,13 @@ class TorchAdapter(Adapter):
     def sync_buffers(self) -> None:
         hvd.broadcast_parameters(self.net.buffers(), root_rank=0)
 
-    def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+    def _tensors(self, x: np.ndarray, y: Any) -> tuple[torch.Tensor, Any]:
+        """A batch on the device; several targets stay a tuple."""
+        labels = tuple(map(self._tensor, y)) if isinstance(y, tuple) else self._tensor(y)
+        return self._tensor(x), labels
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)
 
     def step(
         self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray,
@@ -359,15 +370,14 @@ class TorchAdapter(Adapter):
 
     @torch.no_grad()
     def logits(self, x: np.ndarray) -> np.ndarray:
-        inputs = torch.from_numpy(x).to(self.device)
+        inputs = self._tensor(x)
         return self.net.forward(inputs, training=False).cpu().numpy()
 
     @torch.no_grad()
-    def eval_sums(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+    def eval_batch(self, x: np.ndarray, y: Any) -> tuple[float, np.ndarray]:
         inputs, labels = self._tensors(x, y)
-        logits = self.net.forward(inputs, training=False)
-        loss = float(self.loss(logits, labels)) * len(labels)
-        return loss, int((logits.argmax(dim=1) == labels).sum())
+        outputs = self.net.forward(inputs, training=False)
+        return float(self.loss(outputs, labels)) * len(x), outputs.cpu().numpy()
 
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         tensor = torch.from_numpy(np.asarray(values, dtype=np.float64))

@@ -8,7 +8,7 @@ from typing import Any
 from hvd_train.checkpoint import Checkpoint, load_checkpoint, resolve_checkpoint
 from hvd_train.data import load_data
 from hvd_train.errors import UsageError
-from hvd_train.evaluation import evaluate
+from hvd_train.evaluation import check_outputs_fit, evaluate
 from hvd_train.resume import saved_recipe
 from hvd_train.run import open_run, start
 
@@ -33,7 +33,8 @@ def evaluate_checkpoint(
     data = load_data(recipe, data_dir)
     run = open_run(adapter, recipe, seed=0)
     run.load_weights(checkpoint, "evaluate it with the recipe that wrote it")
-    test_loss, accuracy = evaluate(adapter, data.test)
+    check_outputs_fit(adapter, recipe, data.test)
+    results = evaluate(adapter, data.test, recipe.metric_functions)
     if not adapter.is_rank_zero:
         return None
     return {
@@ -42,6 +43,5 @@ def evaluate_checkpoint(
         "framework": framework,
         "written_by": checkpoint.state["framework"],
         "world_size": adapter.world_size,
-        "test_accuracy": accuracy,
-        "test_loss": test_loss,
+        **{f"test_{name}": value for name, value in results.items()},
     }

@@ -24,7 +24,7 @@ def load_data(recipe: Recipe, data_dir: Path | None) -> Splits:
     """The recipe's data; `data_dir` is where MNIST is read from (default: the cache)."""
     data = recipe.data
     if not isinstance(data, Data):
-        return _from_python(data(), recipe.source)
+        return _from_python(data(), recipe)
     if data.dataset == "mnist":
         return load_mnist(data_dir)
     if data.dataset == "npz":
@@ -32,36 +32,61 @@ def load_data(recipe: Recipe, data_dir: Path | None) -> Splits:
     return load_synthetic(data)
 
 
-def _from_python(returned: Any, source: str) -> Splits:
+def _from_python(returned: Any, recipe: Recipe) -> Splits:
     """What a Python recipe's data function returned, as Splits; a wrong shape is one line."""
     if not (isinstance(returned, tuple | list) and len(returned) == 2):
-        raise UsageError(f"{source}: data() returned {type(returned).__name__}; {RETURNS}")
+        raise UsageError(f"{recipe.source}: data() returned {type(returned).__name__}; {RETURNS}")
     return Splits(
         *(
-            _dataset(part, name, source)
+            _dataset(part, f"{recipe.source}: data()'s {name}", recipe.loss)
             for part, name in zip(returned, ("train", "test"), strict=True)
         )
     )
 
 
-def _dataset(part: Any, name: str, source: str) -> Dataset:
+def _dataset(part: Any, what: str, loss: Any) -> Dataset:
     if isinstance(part, tuple | list) and len(part) == 2 and hasattr(part[0], "__array__"):
-        x, y = np.asarray(part[0]), np.asarray(part[1])
-        if len(x) != len(y) or y.ndim != 1 or y.dtype.kind not in "iu":
-            raise UsageError(
-                f"{source}: data()'s {name} part has {len(x)} examples and labels of "
-                f"{y.dtype} {list(y.shape)}; give one integer label per example"
-            )
+        x, y = np.asarray(part[0]), part[1]
+        y = tuple(map(np.asarray, y)) if isinstance(y, tuple | list) else np.asarray(y)
         if x.dtype.kind in "fc" and not np.isfinite(x).all():
-            raise UsageError(f"{source}: data()'s {name} inputs hold NaN or infinite values")
+            raise UsageError(f"{what} inputs hold NaN or infinite values")
         dataset: Dataset = ArrayDataset(x, y)
     elif hasattr(part, "__len__") and hasattr(part, "__getitem__"):
         dataset = part
     else:
-        raise UsageError(f"{source}: data()'s {name} part is {type(part).__name__}; {RETURNS}")
+        raise UsageError(f"{what} part is {type(part).__name__}; {RETURNS}")
     if len(dataset) == 0:
-        raise UsageError(f"{source}: data()'s {name} part is empty")
+        raise UsageError(f"{what} part is empty")
+    if isinstance(dataset, ArrayDataset):
+        check_labels(dataset.y, len(dataset), what, loss)
+    else:  # the user's own dataset: a sample of its labels
+        check_labels(dataset[np.arange(min(2, len(dataset)))][1], None, what, loss)
     return dataset
 
 
-__all__ = ["ArrayDataset", "Dataset", "Splits", "load_data", "take"]
+def check_labels(labels: Any, count: int | None, what: str, loss: Any) -> None:
+    """Labels of any shape and numeric dtype, `count` of them (None: a sample), finite, and
+    what the loss needs: one array of integer class labels for cross_entropy."""
+    for array in labels if isinstance(labels, tuple | list) else (labels,):
+        array = np.asarray(array)
+        if array.dtype.kind not in "biuf" or array.ndim == 0:
+            raise UsageError(
+                f"{what} labels are {array.dtype} {list(array.shape)}; give numbers, an array "
+                "(N, ...) per target"
+            )
+        if count is not None and len(array) != count:
+            raise UsageError(f"{what} part has {count} inputs and {len(array)} labels")
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise UsageError(f"{what} labels hold NaN or infinite values")
+    if loss == "cross_entropy" and (
+        isinstance(labels, tuple | list) or np.asarray(labels).dtype.kind not in "iu"
+    ):
+        got = "several targets" if isinstance(labels, tuple | list) else np.asarray(labels).dtype
+        raise UsageError(
+            f"{what} labels are {got}, and cross_entropy needs one integer class label per "
+            "example (or per position); give integer labels, or a loss function (Recipe(loss="
+            "...)) for other targets"
+        )
+
+
+__all__ = ["ArrayDataset", "Dataset", "Splits", "check_labels", "load_data", "take"]

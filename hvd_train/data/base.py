@@ -12,10 +12,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+Labels = Any  # an array (N, ...), or a tuple of them for several targets
+
 
 class Dataset(Protocol):
     """Examples by index: `len(dataset)`, and `dataset[indices]` -> `(x, y)` for an integer
-    array of indices, with x's first axis and y (integer class labels) of that length."""
+    array of indices, with x's first axis and y's (an array of labels (N, ...) of any dtype,
+    or a tuple of them) of that length."""
 
     def __len__(self) -> int: ...
 
@@ -24,15 +27,17 @@ class Dataset(Protocol):
 
 @dataclass(frozen=True)
 class ArrayDataset:
-    """In-memory arrays: images (N, ...) and labels (N,)."""
+    """In-memory arrays: inputs (N, ...) and labels (N, ...), or a tuple of label arrays."""
 
     x: np.ndarray
-    y: np.ndarray
+    y: Labels
 
     def __len__(self) -> int:
-        return len(self.y)
+        return len(self.x)
 
-    def __getitem__(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def __getitem__(self, indices: np.ndarray) -> tuple[np.ndarray, Labels]:
+        if isinstance(self.y, tuple):
+            return self.x[indices], tuple(labels[indices] for labels in self.y)
         return self.x[indices], self.y[indices]
 
 
@@ -42,10 +47,21 @@ class Splits:
     test: Dataset
 
 
-def take(dataset: Dataset, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One batch as the adapters take it: x as NumPy (floats as float32), labels as int64."""
+def take(dataset: Dataset, indices: np.ndarray) -> tuple[np.ndarray, Labels]:
+    """One batch as the adapters take it, in NumPy: x with floats as float32; labels as
+    int64 (integers) or float32 (floats and booleans), a tuple of them kept a tuple."""
     x, y = dataset[indices]
+    if isinstance(y, tuple | list):
+        return _as_model_dtype(x), tuple(_as_label_dtype(labels) for labels in y)
+    return _as_model_dtype(x), _as_label_dtype(y)
+
+
+def _as_model_dtype(x: Any) -> np.ndarray:
     x = np.asarray(x)
-    if x.dtype.kind == "f" and x.dtype != np.float32:
-        x = x.astype(np.float32)
-    return x, np.asarray(y).astype(np.int64, copy=False)
+    return x.astype(np.float32) if x.dtype.kind == "f" and x.dtype != np.float32 else x
+
+
+def _as_label_dtype(labels: Any) -> np.ndarray:
+    labels = np.asarray(labels)
+    dtype = np.int64 if labels.dtype.kind in "iu" else np.float32
+    return labels.astype(dtype, copy=False)

@@ -26,6 +26,7 @@ from hvd_train.recipe.settings import (
     Schedule,
     Settings,
 )
+from hvd_train.scoring import BUILT_IN, NAME, Metric, metric_name
 
 FRAMEWORKS = ("torch", "tensorflow")
 
@@ -41,8 +42,12 @@ class Recipe:
     The model: `layers` (the neutral list; both frameworks), or `torch_model` (a function
     returning a `torch.nn.Module`) and/or `keras_model` (returning a Keras 3 model, which
     trains under TensorFlow and, on Keras's torch backend, under torch too).
-    `loss`: "cross_entropy" on the model's logits, or a function `(logits, labels) -> mean
-    loss` in the framework's own tensors.
+    `loss`: "cross_entropy" on the model's logits (N, ..., C) for integer labels (N, ...), or
+    a function `(outputs, labels) -> mean loss` in the framework's own tensors, which takes
+    the labels in the dtypes and shapes the data gives (a tuple of them, for several targets).
+    `metrics`: what evaluation reports besides the loss: names of built-ins ("accuracy",
+    "top_k_accuracy", "mse", "mae") and functions `(outputs, labels) -> (sum, count)` on NumPy
+    arrays, recorded by their names. Default: accuracy with cross_entropy, else none.
     """
 
     data: Data | Callable[[], Any]
@@ -50,6 +55,7 @@ class Recipe:
     torch_model: Callable[[], Any] | None = None
     keras_model: Callable[[], Any] | None = None
     loss: str | Callable[[Any, Any], Any] = "cross_entropy"
+    metrics: tuple[str | Metric, ...] | None = None
     optimizer: Optimizer = field(default_factory=Optimizer)
     schedule: Schedule = field(default_factory=Schedule)
     horovod: Horovod = field(default_factory=Horovod)
@@ -76,6 +82,7 @@ class Recipe:
                 f"model.loss: unknown value {self.loss!r}; choose one of {', '.join(LOSSES)} "
                 "or give a function"
             )
+        object.__setattr__(self, "metrics", self._checked_metrics())
         for table, cls in ((self.optimizer, Optimizer), (self.schedule, Schedule),
                            (self.horovod, Horovod)):  # fmt: skip
             if not isinstance(table, cls):
@@ -86,6 +93,34 @@ class Recipe:
             assert self.data.input_shape is not None and self.data.num_classes is not None
             layers = checked_layers(self.layers, self.data.input_shape, self.data.num_classes)
             object.__setattr__(self, "layers", layers)
+
+    def _checked_metrics(self) -> tuple[str | Metric, ...] | None:
+        if self.metrics is None:
+            return None
+        if isinstance(self.metrics, str) or not isinstance(self.metrics, tuple | list):
+            raise UsageError(f"model.metrics: expected a list of metrics, got {self.metrics!r}")
+        names = [metric_name(metric) for metric in self.metrics]
+        for metric, name in zip(self.metrics, names, strict=True):
+            if isinstance(metric, str) and metric not in BUILT_IN:
+                raise UsageError(
+                    f"model.metrics: unknown metric {metric!r}; choose from "
+                    f"{', '.join(BUILT_IN)} or give a function (outputs, labels) -> (sum, count)"
+                )
+            if not isinstance(metric, str) and not (callable(metric) and NAME.fullmatch(name)):
+                raise UsageError(
+                    f"model.metrics: {metric!r} is not a metric; give a named function "
+                    "(def, not lambda) (outputs, labels) -> (sum, count), or a built-in's name"
+                )
+        if len(set(names)) < len(names):
+            raise UsageError(f"model.metrics: {names} names a metric twice; name each once")
+        return tuple(self.metrics)
+
+    @property
+    def metric_functions(self) -> dict[str, Metric]:
+        """The metrics evaluation reports, by name: the recipe's, or its loss's default."""
+        default = ("accuracy",) if self.loss == "cross_entropy" else ()
+        chosen = default if self.metrics is None else self.metrics
+        return {metric_name(m): BUILT_IN[m] if isinstance(m, str) else m for m in chosen}
 
     @property
     def frameworks(self) -> tuple[str, ...]:
@@ -140,6 +175,8 @@ class Recipe:
             model["layers"] = [{"type": layer.type, **layer.params} for layer in self.layers]
         else:
             model["python"] = self.source
+        if self.metrics is not None:  # given: recorded (the default is the loss's)
+            model["metrics"] = list(self.metric_functions)
         table = {
             "description": self.description,
             "data": self.data.table() if isinstance(self.data, Data) else {"python": python},

@@ -47,7 +47,7 @@ def _recipe(root: dict[str, Any]) -> Recipe:
             "reference (docs/recipes.md)"
         )
     model = _table(root, "model", required=True)
-    extra = sorted(set(model) - {"layers", "loss"})
+    extra = sorted(set(model) - {"layers", "loss", "metrics"})
     if extra:
         raise UsageError(
             f"model.{extra[0]}: unknown key; check its spelling "
@@ -65,6 +65,7 @@ def _recipe(root: dict[str, Any]) -> Recipe:
         data=make_settings(Data, _table(root, "data", required=True)),
         layers=model["layers"],
         loss=loss,
+        metrics=model.get("metrics"),
         optimizer=make_settings(Optimizer, _table(root, "optimizer")),
         schedule=make_settings(Schedule, _table(root, "schedule")),
         horovod=make_settings(Horovod, _table(root, "horovod")),

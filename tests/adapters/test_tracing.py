@@ -21,7 +21,7 @@ for step, size in enumerate([64, 48, 64]):
     batches = [take(data.train, np.arange(size) + 100 * i) for i in range(2)]
     adapter.train_step(batches, 0.001, step, np.zeros(2))
     adapter.local_step(batches, step)
-    adapter.eval_sums(*take(data.test, np.arange(size)))
+    adapter.eval_batch(*take(data.test, np.arange(size)))
 graphs = {"accumulate": adapter._compiled_accumulate, "local": adapter._compiled_local,
           "apply": adapter._compiled_apply[False], "logits": adapter._compiled_logits}
 for name, compiled in graphs.items():

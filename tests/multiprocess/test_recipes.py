@@ -2,6 +2,7 @@
 and every Python example under each framework it supports."""
 
 import functools
+import importlib.util
 import json
 import subprocess
 import sys
@@ -74,7 +75,8 @@ def test_an_npz_recipe_trains_to_what_the_data_allows(framework, tmp_path):
 
 
 def test_the_example_list_covers_every_example():
-    assert {p.values[0] for p in EXAMPLE_RUNS} == {p.name for p in EXAMPLES.glob("*.py")}
+    covered = {p.values[0] for p in EXAMPLE_RUNS} | {"regression.py", "tagging.py"}
+    assert covered == {p.name for p in EXAMPLES.glob("*.py")}
 
 
 @pytest.fixture(scope="session")
@@ -136,3 +138,50 @@ def test_resnet18_learns_its_synthetic_task_with_the_exchange_overlapped(framewo
     assert summary["world_size"] == 2 and summary["settings"]["horovod"]["overlap"] is True
     assert losses[1] < losses[0] < 2.3  # below chance's loss (ln 10) after one epoch
     assert summary["test_accuracy"] >= 0.95, summary
+
+
+def load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.torch
+def test_the_regression_example_reports_mse_exactly_over_the_test_set(tmp_path):
+    horovodrun("-m", "hvd_train", "--recipe", str(EXAMPLES / "regression.py"), "--output-dir",
+               str(tmp_path))  # fmt: skip
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2 and "test_accuracy" not in summary
+    assert summary["test_mse"] < 0.03, summary  # predicting the mean: about 2.1
+    # One process's reference, without hvd_train: the saved weights in the recipe's module,
+    # over the whole test set (1 + 2000 examples: the ranks take uneven slices).
+    import torch
+    from safetensors.torch import load_file
+
+    example = load_example("regression")
+    _, (x, y) = example.data()
+    model = example.model()
+    newest = sorted((tmp_path / "checkpoints").iterdir())[-1]
+    model.load_state_dict(load_file(newest / "model.safetensors"))
+    with torch.no_grad():
+        outputs = model(torch.from_numpy(x)).numpy()[:, 0].astype(np.float64)
+    assert summary["test_mse"] == pytest.approx(np.mean((outputs - y) ** 2), rel=1e-6)
+    assert summary["test_mae"] == pytest.approx(np.mean(np.abs(outputs - y)), rel=1e-6)
+    evals = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["test_mse"] for r in evals if r["kind"] == "eval"][-1] == summary["test_mse"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_tagging_example_learns_a_tag_per_position(framework, tmp_path):
+    horovodrun("-m", "hvd_train", "--recipe", str(EXAMPLES / "tagging.py"), "--framework",
+               framework, "--output-dir", str(tmp_path))  # fmt: skip
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.98, summary
+    # The same checkpoint in one process: the same per-position accuracy over all 1001 x 24.
+    command = [sys.executable, "-m", "hvd_train", "eval", "--checkpoint", str(tmp_path), "--json",
+               "--framework", framework]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
+    alone = json.loads(result.stdout.splitlines()[-1])
+    assert alone["world_size"] == 1
+    assert alone["test_accuracy"] * 1001 * 24 == pytest.approx(summary["test_accuracy"] * 1001 * 24)
