@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hvd_train.adapters import ADAPTERS
+from hvd_train.adapters import ADAPTERS, EXPORT_FORMATS
 from hvd_train.errors import ReplicasDiverged, Stopped, UsageError, reported_here
 from hvd_train.launching import BACKENDS
 from hvd_train.options import TRAIN_OPTIONS, add_arguments
@@ -160,6 +160,20 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a sentence"
     )
+    export = commands.add_parser(
+        "export", parents=[shared], help="write a checkpoint's model for serving, without "
+        "hvd_train: torch.export program, ONNX, .keras or SavedModel",
+    )  # fmt: skip
+    export.add_argument("checkpoint", type=Path, metavar="CHECKPOINT",
+                        help="a checkpoint, or a run directory (its newest)")  # fmt: skip
+    export.add_argument("--format", required=True, choices=EXPORT_FORMATS,
+                        help="torch: a torch.export program (.pt2; TorchScript .pt where export "
+                        "cannot); onnx; keras: a .keras file; savedmodel: a TensorFlow "
+                        "SavedModel folder")  # fmt: skip
+    export.add_argument("-o", "--output", type=Path, help="where to write it (default: beside "
+                        "the checkpoint, with the format's suffix)")  # fmt: skip
+    export.add_argument("--recipe", help="for a Python recipe's checkpoint: the recipe, if it "
+                        "moved since")  # fmt: skip
     commands.add_parser(
         "show-recipe",
         parents=[shared, recipe],
@@ -290,6 +304,21 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_export(args: argparse.Namespace) -> int:
+    from hvd_train.commands.export import export_checkpoint
+
+    result = export_checkpoint(args.checkpoint, args.format, args.output, args.data_dir,
+                               args.recipe)  # fmt: skip
+    checked = (
+        f"loaded back, its outputs on {result['examples_checked']} test examples are within "
+        f"{result['max_difference']:.1e} of the checkpoint's"
+        if result["max_difference"] is not None
+        else "not loaded back here (its runtime is not installed)"
+    )
+    print(f"wrote {result['export']} ({args.format}); {checked}")
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from hvd_train.api import DEFAULT_FRAMEWORK
     from hvd_train.commands.bench import run_bench as bench
@@ -329,6 +358,7 @@ COMMANDS = {
     "train": run_train,
     "launch": run_launch,
     "eval": run_eval,
+    "export": run_export,
     "doctor": run_doctor,
     "show-recipe": run_show_recipe,
     "plot": run_plot,

@@ -14,6 +14,14 @@ ADAPTERS = {
     "torch": "hvd_train.adapters.torch:TorchAdapter",
     "tensorflow": "hvd_train.adapters.tensorflow:TensorFlowAdapter",
 }
+# What `hvd-train export` writes: each format, the framework that writes it, and the suffix of
+# what it writes (a SavedModel is a folder).
+EXPORT_FORMATS = {
+    "torch": ("torch", ".pt2"),
+    "onnx": ("torch", ".onnx"),
+    "keras": ("tensorflow", ".keras"),
+    "savedmodel": ("tensorflow", ".savedmodel"),
+}
 # Each binding loads its own copy of Horovod's core; two in one process are known to crash.
 BINDINGS = {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
 
@@ -82,6 +90,7 @@ def create_adapter(name: str) -> Adapter:
 
 __all__ = [
     "ADAPTERS",
+    "EXPORT_FORMATS",
     "Adapter",
     "Arrays",
     "Elastic",

@@ -35,6 +35,7 @@ OBJECT_COLLECTIVE = "hvd_train.object"
 HOROVOD_DEFAULTS = {"HOROVOD_CYCLE_TIME": "3"}
 Arrays = dict[str, np.ndarray]
 Batch = tuple[np.ndarray, Any]  # inputs and labels (an array, or a tuple of them), from `take`
+Exported = tuple[Path, np.ndarray | None]  # where an export went, and its outputs loaded back
 Loss = str | Callable[[Any, Any], Any]  # "cross_entropy", or (outputs, labels) -> mean loss
 
 
@@ -220,6 +221,13 @@ class Adapter(ABC):
     def eval_batch(self, x: np.ndarray, y: Any) -> tuple[float, np.ndarray]:
         """One local batch in inference mode: the recipe's loss summed over its examples (the
         batch's mean loss times its size), and the model's outputs, as fp32."""
+
+    @abstractmethod
+    def export(self, path: Path, format: str, example: np.ndarray) -> Exported:
+        """Writes the model for serving, in `format` (one of this framework's in
+        `EXPORT_FORMATS`), at `path`; it takes inputs as the data gives them. Returns where
+        it went (another suffix where a fallback wrote it) and its outputs on `example` once
+        loaded back, or None where the runtime that loads it is not installed."""
 
     @abstractmethod
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:

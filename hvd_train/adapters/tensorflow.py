@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -19,7 +20,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.adapters.base import Adapter, Arrays, Batch, Loss, OverlapChoice, StepResult, buckets
+from hvd_train.adapters.base import (
+    Adapter,
+    Arrays,
+    Batch,
+    Exported,
+    Loss,
+    OverlapChoice,
+    StepResult,
+    buckets,
+)
 from hvd_train.builders import keras_models
 from hvd_train.errors import UsageError
 from hvd_train.recipe.settings import Horovod, Optimizer
@@ -277,6 +287,15 @@ class TensorFlowAdapter(Adapter):
         outputs = tf.cast(self._compiled_logits(x), tf.float32)
         labels = tf.nest.map_structure(tf.constant, y)
         return float(self.loss(outputs, labels)) * len(x), outputs.numpy()
+
+    def export(self, path: Path, format: str, example: np.ndarray) -> Exported:
+        if format == "keras":
+            self.model.save(path)
+            loaded = keras.saving.load_model(path)
+            return path, np.asarray(loaded(example, training=False), np.float32)
+        self.model.export(str(path), format="tf_saved_model", verbose=False)
+        loaded = tf.saved_model.load(str(path))  # held: its functions need its variables
+        return path, tf.cast(loaded.serve(tf.constant(example)), tf.float32).numpy()
 
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         tensor = tf.constant(np.asarray(values, dtype=np.float64))

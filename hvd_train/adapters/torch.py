@@ -10,10 +10,14 @@ goes on (`Exchange`), as the TensorFlow adapter does.
 from __future__ import annotations
 
 import functools
+import importlib.util
+import logging
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import horovod.torch as hvd
@@ -28,6 +32,7 @@ from hvd_train.adapters.base import (
     Arrays,
     Batch,
     ElasticState,
+    Exported,
     Loss,
     OverlapChoice,
     StepResult,
@@ -35,6 +40,7 @@ from hvd_train.adapters.base import (
     buckets,
 )
 from hvd_train.builders import keras_models
+from hvd_train.errors import UsageError
 from hvd_train.recipe.settings import Horovod, Optimizer
 
 
@@ -86,6 +92,18 @@ class TorchModule:
     def load_weights(self, weights: Arrays) -> None:
         state = {name: torch.from_numpy(array) for name, array in weights.items()}
         self.module.load_state_dict(state, strict=True)
+
+
+class Served(nn.Module):
+    """The model as it is exported: in inference mode, taking inputs as the data gives them
+    (images channels-last, as the adapter feeds them), its outputs fp32."""
+
+    def __init__(self, net: TorchModule | KerasOnTorch) -> None:
+        super().__init__()
+        self.net, self.module = net, net.module  # the module registered: its weights go along
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net.forward(x, training=False)
 
 
 class KerasOnTorch:
@@ -379,6 +397,25 @@ class TorchAdapter(Adapter):
         outputs = self.net.forward(inputs, training=False)
         return float(self.loss(outputs, labels)) * len(x), outputs.cpu().numpy()
 
+    def export(self, path: Path, format: str, example: np.ndarray) -> Exported:
+        served, inputs = Served(self.net).eval(), (self._tensor(example),)
+        batch = {0: torch.export.Dim("batch", min=1)}  # any batch size
+        if format == "onnx":
+            return path, export_onnx(served, inputs, batch, path)
+        try:
+            program = torch.export.export(served, inputs, dynamic_shapes=(batch,))
+        except Exception as error:  # torch.export's failures have many types
+            # Control flow torch.export cannot capture: TorchScript traces what runs instead.
+            path = path.with_suffix(".pt")
+            print(f"hvd-train: torch.export cannot take this model ({type(error).__name__}); "
+                  f"writing TorchScript to {path}", file=sys.stderr)  # fmt: skip
+            traced = torch.jit.trace(served, inputs)
+            torch.jit.save(traced, str(path))
+            return path, torch.jit.load(str(path))(*inputs).detach().cpu().numpy()
+        torch.export.save(program, path)
+        loaded = torch.export.load(path).module()
+        return path, loaded(*inputs).detach().cpu().numpy()
+
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         tensor = torch.from_numpy(np.asarray(values, dtype=np.float64))
         return hvd.allreduce(tensor, op=hvd.Sum, name="hvd_train.metrics").numpy()
@@ -433,6 +470,32 @@ class TorchAdapter(Adapter):
                     raise ValueError(f"{index}.{key} is {tuple(tensor.shape)}, not {shapes[index]}")
         current = self.optimizer.state_dict()
         self.optimizer.load_state_dict({"state": entries, "param_groups": current["param_groups"]})
+
+
+def export_onnx(
+    served: nn.Module, inputs: tuple[torch.Tensor], batch: dict[int, Any], path: Path
+) -> np.ndarray | None:
+    """`served` as an ONNX graph, by torch's exporter (which needs onnx and onnxscript); its
+    outputs from ONNX Runtime, where that is installed."""
+    for needed in ("onnx", "onnxscript"):
+        if importlib.util.find_spec(needed) is None:
+            raise UsageError(
+                f"--format onnx needs {needed}, which is not installed; pip install "
+                "'hvd_train[onnx]'"
+            )
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # notes on torchvision's absence
+    with warnings.catch_warnings(action="ignore"):  # and on what the exporter rewrites
+        program = torch.onnx.export(served, inputs, dynamo=True, dynamic_shapes=(batch,),
+                                    verbose=False)  # fmt: skip
+    assert program is not None, "the dynamo exporter returns its program"
+    program.save(str(path))
+    if importlib.util.find_spec("onnxruntime") is None:
+        return None
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return np.asarray(session.run(None, {name: inputs[0].cpu().numpy()})[0])
 
 
 SCALER_STATE = ("scale", "_growth_tracker")  # what GradScaler's state_dict holds that changes

@@ -140,8 +140,9 @@ def test_resnet18_learns_its_synthetic_task_with_the_exchange_overlapped(framewo
     assert summary["test_accuracy"] >= 0.95, summary
 
 
-def load_example(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+def load_example(path: Path):
+    """An example recipe's module, imported as a user's code would import it."""
+    spec = importlib.util.spec_from_file_location(f"example_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -159,7 +160,7 @@ def test_the_regression_example_reports_mse_exactly_over_the_test_set(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    example = load_example("regression")
+    example = load_example(EXAMPLES / "regression.py")
     _, (x, y) = example.data()
     model = example.model()
     newest = sorted((tmp_path / "checkpoints").iterdir())[-1]

@@ -1,0 +1,64 @@
+"""`hvd-train export`: a checkpoint as the framework's own serving form, loadable without
+hvd_train: a `torch.export` program (TorchScript where it cannot), ONNX, a `.keras` file or a
+TensorFlow SavedModel. A neutral recipe's checkpoint exports in all four."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hvd_train.adapters import EXPORT_FORMATS
+from hvd_train.commands.evaluate import read_checkpoint
+from hvd_train.data import load_data, take
+from hvd_train.errors import UsageError
+from hvd_train.resume import saved_recipe
+from hvd_train.run import open_run, start
+
+EXAMPLES = 8  # test examples the export is checked on, loaded back
+# How far a reloaded export's outputs may be from the checkpoint's: the same weights, run by
+# another runtime (ONNX Runtime, XLA-less SavedModel) whose kernels sum in another order.
+TOLERANCE = 1e-4
+
+
+def export_checkpoint(
+    path: Path, format: str, output: Path | None, data_dir: Path | None,
+    recipe_reference: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Writes `path`'s model in `format` (beside the checkpoint unless `output` says where),
+    checks it loaded back against the checkpoint's own outputs on test examples, and returns
+    what was written and how far apart the two were."""
+    framework, suffix = EXPORT_FORMATS[format]
+    adapter = start(framework)
+    checkpoint = read_checkpoint(path)
+    state = checkpoint.state | {"path": str(checkpoint.path)}
+    recipe = saved_recipe(state, checkpoint.recipe_text, recipe_reference)
+    if framework not in recipe.frameworks:
+        raise UsageError(
+            f"--format {format} writes a {framework} model, and the model of recipe "
+            f"{recipe.name!r} is {' and '.join(recipe.frameworks)} only; choose --format "
+            f"{' or '.join(f for f, (w, _) in EXPORT_FORMATS.items() if w in recipe.frameworks)}"
+        )
+    run = open_run(adapter, recipe, seed=0)
+    run.load_weights(checkpoint, "export it with the recipe that wrote it")
+    x, _ = take(load_data(recipe, data_dir).test, np.arange(EXAMPLES))
+    target = output or default_output(checkpoint.path, suffix)
+    written, outputs = adapter.export(target, format, x)
+    expected = adapter.logits(x)
+    difference = None if outputs is None else float(np.abs(outputs - expected).max())
+    if difference is not None and not difference <= TOLERANCE * max(1, np.abs(expected).max()):
+        raise RuntimeError(f"{written} loaded back gives outputs {difference} from the model's")
+    return {"export": str(written), "format": format, "checkpoint": str(checkpoint.path),
+            "examples_checked": len(x) if difference is not None else 0,
+            "max_difference": difference}  # fmt: skip
+
+
+def default_output(checkpoint: Path, suffix: str) -> Path:
+    """RUN/export/<checkpoint's name><suffix> for a checkpoint in a run's checkpoints/ folder
+    (out of the way of the checkpoints there), else beside the checkpoint."""
+    if checkpoint.parent.name == "checkpoints":
+        folder = checkpoint.parent.parent / "export"
+        folder.mkdir(exist_ok=True)
+        return folder / f"{checkpoint.name}{suffix}"
+    return checkpoint.with_suffix(suffix)

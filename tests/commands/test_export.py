@@ -1,0 +1,121 @@
+"""`hvd-train export`: each format loads in a fresh process without hvd_train and gives the
+checkpoint's outputs, on a batch size the export was not traced with. The checkpoint is a
+neutral recipe's written under TensorFlow, so the torch formats also cross frameworks; the
+reference outputs are the NumPy forward pass over its saved neutral weights."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+from safetensors.torch import load_file as load_torch_file
+
+from hvd_train.data import load_data, take
+from hvd_train.recipe import load_recipe
+from tests.conftest import REPO
+from tests.multiprocess.test_recipes import load_example
+from tests.reference import reference_logits
+
+pytestmark = [pytest.mark.torch, pytest.mark.tensorflow, pytest.mark.timeout(900)]
+
+# Each format's loader, as a user serving the model writes it: x.npy in, outputs.npy out.
+LOADERS = {
+    "torch": "import torch\n"
+             "model = torch.export.load(path).module()\n"
+             "outputs = model(torch.from_numpy(x)).detach().numpy()",
+    "onnx": "import onnxruntime\n"
+            "session = onnxruntime.InferenceSession(path)\n"
+            "outputs = session.run(None, {session.get_inputs()[0].name: x})[0]",
+    "keras": "import keras\n"
+             "outputs = np.asarray(keras.saving.load_model(path)(x, training=False))",
+    "savedmodel": "import tensorflow as tf\n"
+                  "model = tf.saved_model.load(path)\n"
+                  "outputs = model.serve(tf.constant(x)).numpy()",
+}  # fmt: skip
+SERVE = """
+import sys
+import numpy as np
+path, folder = sys.argv[1], sys.argv[2]
+x = np.load(folder + "/x.npy")
+{loader}
+assert not [m for m in sys.modules if m.startswith(("hvd_train", "horovod"))], "used hvd_train"
+np.save(folder + "/outputs.npy", outputs)
+"""
+TOLERANCE = 1e-4  # against the float64 reference, relative to the largest output
+
+
+def hvd_train(*arguments: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "hvd_train", *arguments]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def serve(path: Path, format: str, folder: Path) -> None:
+    """Runs `path`'s model on folder/x.npy in a fresh process, into folder/outputs.npy."""
+    script = SERVE.format(loader=LOADERS[format])
+    served = subprocess.run([sys.executable, "-c", script, str(path), str(folder)],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert served.returncode == 0, served.stderr
+
+
+@pytest.fixture(scope="module")
+def neutral_run(tmp_path_factory, mnist_dir):
+    run = tmp_path_factory.mktemp("mnist_cnn-tensorflow")
+    result = hvd_train("--framework", "tensorflow", "--epochs", "1", "--limit-steps", "20",
+                       "--data-dir", str(mnist_dir), "--output-dir", str(run))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return run
+
+
+@pytest.mark.parametrize("format", LOADERS)
+def test_an_export_serves_the_checkpoints_outputs_without_hvd_train(
+    format, neutral_run, mnist_dir, tmp_path
+):
+    result = hvd_train("export", str(neutral_run), "--format", format, "--data-dir",
+                       str(mnist_dir), "-o", str(tmp_path / f"model.{format}"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {tmp_path}/model.{format} ({format}); loaded back" in result.stdout
+    recipe = load_recipe("mnist_cnn")
+    x, _ = take(load_data(recipe, mnist_dir).test, np.arange(100, 113))  # 13: not the 8 traced
+    np.save(tmp_path / "x.npy", x)
+    serve(tmp_path / f"model.{format}", format, tmp_path)
+    newest = sorted((neutral_run / "checkpoints").iterdir())[-1]
+    expected = reference_logits(recipe.layers, load_file(newest / "model.safetensors"), x)
+    outputs = np.load(tmp_path / "outputs.npy")
+    assert outputs.shape == (13, 10)
+    assert np.abs(outputs - expected).max() <= TOLERANCE * np.abs(expected).max()
+
+
+def test_exports_go_to_the_runs_export_folder_and_a_missing_checkpoint_is_one_line(neutral_run):
+    result = hvd_train("export", str(neutral_run), "--format", "keras")
+    assert result.returncode == 0, result.stderr
+    newest = sorted((neutral_run / "checkpoints").iterdir())[-1]
+    assert (neutral_run / "export" / f"{newest.name}.keras").is_file()
+    result = hvd_train("export", str(neutral_run / "nowhere"), "--format", "onnx")
+    assert result.returncode == 2
+    assert "nowhere does not exist; check --checkpoint" in result.stderr.splitlines()[-1]
+
+
+def test_a_torch_modules_recipe_exports_as_torch_and_refuses_keras(tmp_path):
+    example = REPO / "recipes" / "examples" / "regression.py"
+    result = hvd_train("--recipe", str(example), "--epochs", "1", "--output-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    result = hvd_train("export", str(tmp_path), "--format", "keras")
+    assert result.returncode == 2 and result.stderr.splitlines()[-1] == (
+        "hvd-train: error: --format keras writes a tensorflow model, and the model of recipe "
+        "'regression' is torch only; choose --format torch or onnx"
+    )
+    result = hvd_train("export", str(tmp_path), "--format", "torch", "-o", str(tmp_path / "m.pt2"))
+    assert result.returncode == 0, result.stderr
+    x = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    serve(tmp_path / "m.pt2", "torch", tmp_path)
+    import torch
+
+    model = load_example(example).model()
+    newest = sorted((tmp_path / "checkpoints").iterdir())[-1]
+    model.load_state_dict(load_torch_file(newest / "model.safetensors"))
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x)).numpy()
+    assert np.array_equal(np.load(tmp_path / "outputs.npy"), expected)
