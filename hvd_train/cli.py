@@ -311,7 +311,7 @@ def run_export(args: argparse.Namespace) -> int:
                                args.recipe)  # fmt: skip
     checked = (
         f"loaded back, its outputs on {result['examples_checked']} test examples are within "
-        f"{result['max_difference']:.1e} of the checkpoint's"
+        f"{result['max_difference']:.1e} of the model's"
         if result["max_difference"] is not None
         else "not loaded back here (its runtime is not installed)"
     )

@@ -35,7 +35,9 @@ OBJECT_COLLECTIVE = "hvd_train.object"
 HOROVOD_DEFAULTS = {"HOROVOD_CYCLE_TIME": "3"}
 Arrays = dict[str, np.ndarray]
 Batch = tuple[np.ndarray, Any]  # inputs and labels (an array, or a tuple of them), from `take`
-Exported = tuple[Path, np.ndarray | None]  # where an export went, and its outputs loaded back
+# Where an export went, the exported model's outputs on the examples, and the same from the
+# written file loaded back (None where the runtime that loads it is not installed).
+Exported = tuple[Path, np.ndarray, np.ndarray | None]
 Loss = str | Callable[[Any, Any], Any]  # "cross_entropy", or (outputs, labels) -> mean loss
 
 
@@ -226,8 +228,8 @@ class Adapter(ABC):
     def export(self, path: Path, format: str, example: np.ndarray) -> Exported:
         """Writes the model for serving, in `format` (one of this framework's in
         `EXPORT_FORMATS`), at `path`; it takes inputs as the data gives them. Returns where
-        it went (another suffix where a fallback wrote it) and its outputs on `example` once
-        loaded back, or None where the runtime that loads it is not installed."""
+        it went (another suffix where a fallback wrote it), and the model's outputs on `example`
+        as exported and as loaded back from the file."""
 
     @abstractmethod
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:

@@ -289,13 +289,14 @@ class TensorFlowAdapter(Adapter):
         return float(self.loss(outputs, labels)) * len(x), outputs.numpy()
 
     def export(self, path: Path, format: str, example: np.ndarray) -> Exported:
+        expected = self.logits(example)
         if format == "keras":
             self.model.save(path)
             loaded = keras.saving.load_model(path)
-            return path, np.asarray(loaded(example, training=False), np.float32)
+            return path, expected, np.asarray(loaded(example, training=False), np.float32)
         self.model.export(str(path), format="tf_saved_model", verbose=False)
-        loaded = tf.saved_model.load(str(path))  # held: its functions need its variables
-        return path, tf.cast(loaded.serve(tf.constant(example)), tf.float32).numpy()
+        saved = tf.saved_model.load(str(path))  # held: its functions need its variables
+        return path, expected, tf.cast(saved.serve(tf.constant(example)), tf.float32).numpy()
 
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         tensor = tf.constant(np.asarray(values, dtype=np.float64))

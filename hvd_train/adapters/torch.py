@@ -9,14 +9,16 @@ goes on (`Exchange`), as the TensorFlow adapter does.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import io
 import logging
 import os
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,12 @@ class TorchModule:
     def __init__(self, module: nn.Module, autocast: torch.dtype | None) -> None:
         self.module, self.autocast = module, autocast
 
+    def served(self, mixed: bool) -> Served:
+        """The module for export, under autocast as in training if `mixed`."""
+        if mixed and self.autocast is not None:
+            return MixedServed(self.module, channels_first=True, autocast=self.autocast)
+        return Served(self.module, channels_first=True)
+
     def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
         self.module.train(training)
         with torch.autocast(x.device.type, self.autocast, enabled=self.autocast is not None):
@@ -95,15 +103,32 @@ class TorchModule:
 
 
 class Served(nn.Module):
-    """The model as it is exported: in inference mode, taking inputs as the data gives them
-    (images channels-last, as the adapter feeds them), its outputs fp32."""
+    """The model as it is exported: it takes inputs as the data gives them (images
+    channels-last, turned for a torch module as the adapter turns them) and returns fp32
+    outputs. Plain enough for TorchScript to compile, where torch.export cannot capture the
+    model."""
 
-    def __init__(self, net: TorchModule | KerasOnTorch) -> None:
+    def __init__(self, module: nn.Module, channels_first: bool) -> None:
         super().__init__()
-        self.net, self.module = net, net.module  # the module registered: its weights go along
+        self.module, self.channels_first = module, channels_first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net.forward(x, training=False)
+        if self.channels_first and x.dim() == 4:
+            x = x.permute(0, 3, 1, 2)
+        output: torch.Tensor = self.module(x)
+        return output.float()
+
+
+class MixedServed(Served):
+    """The exported model computing in autocast's dtype, as it did in training."""
+
+    def __init__(self, module: nn.Module, channels_first: bool, autocast: torch.dtype) -> None:
+        super().__init__(module, channels_first)
+        self.autocast = autocast
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, self.autocast):
+            return super().forward(x)
 
 
 class KerasOnTorch:
@@ -113,6 +138,9 @@ class KerasOnTorch:
     def __init__(self, model: Any) -> None:
         self.module = model
         self.seed_states = keras_models.seed_states(model)
+
+    def served(self, mixed: bool) -> Served:
+        return Served(self.module, channels_first=False)  # mixed or not: Keras's own policy
 
     def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
         output: torch.Tensor = self.module(x, training=training)
@@ -398,23 +426,23 @@ class TorchAdapter(Adapter):
         return float(self.loss(outputs, labels)) * len(x), outputs.cpu().numpy()
 
     def export(self, path: Path, format: str, example: np.ndarray) -> Exported:
-        served, inputs = Served(self.net).eval(), (self._tensor(example),)
+        inputs = (self._tensor(example),)
         batch = {0: torch.export.Dim("batch", min=1)}  # any batch size
-        if format == "onnx":
-            return path, export_onnx(served, inputs, batch, path)
+        if format == "onnx":  # in fp32: ONNX Runtime lacks bf16 kernels (its CPU convolution)
+            served = self.net.served(mixed=False).eval()
+            return path, _outputs(served, inputs), export_onnx(served, inputs, batch, path)
+        served = self.net.served(mixed=True).eval()
         try:
-            program = torch.export.export(served, inputs, dynamic_shapes=(batch,))
+            with _quiet_torch_export():
+                program = torch.export.export(served, inputs, dynamic_shapes=(batch,))
         except Exception as error:  # torch.export's failures have many types
-            # Control flow torch.export cannot capture: TorchScript traces what runs instead.
+            # TorchScript cannot compile autocast on a device read from the input: fp32.
+            served = self.net.served(mixed=False).eval()
             path = path.with_suffix(".pt")
-            print(f"hvd-train: torch.export cannot take this model ({type(error).__name__}); "
-                  f"writing TorchScript to {path}", file=sys.stderr)  # fmt: skip
-            traced = torch.jit.trace(served, inputs)
-            torch.jit.save(traced, str(path))
-            return path, torch.jit.load(str(path))(*inputs).detach().cpu().numpy()
+            return path, _outputs(served, inputs), export_torchscript(served, inputs, path, error)
         torch.export.save(program, path)
-        loaded = torch.export.load(path).module()
-        return path, loaded(*inputs).detach().cpu().numpy()
+        reloaded = torch.export.load(path).module()
+        return path, _outputs(served, inputs), reloaded(*inputs).detach().cpu().numpy()
 
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
         tensor = torch.from_numpy(np.asarray(values, dtype=np.float64))
@@ -470,6 +498,46 @@ class TorchAdapter(Adapter):
                     raise ValueError(f"{index}.{key} is {tuple(tensor.shape)}, not {shapes[index]}")
         current = self.optimizer.state_dict()
         self.optimizer.load_state_dict({"state": entries, "param_groups": current["param_groups"]})
+
+
+@torch.no_grad()
+def _outputs(served: nn.Module, inputs: tuple[torch.Tensor]) -> np.ndarray:
+    return served(*inputs).cpu().numpy()
+
+
+@contextlib.contextmanager
+def _quiet_torch_export() -> Iterator[None]:
+    """torch.export's own account of what it cannot capture (logged warnings and the graphs
+    it printed) kept off the terminal: one line says it, and TorchScript takes over."""
+    torch_logs = logging.getLogger("torch")
+    level = torch_logs.level
+    torch_logs.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        torch_logs.setLevel(level)
+
+
+def export_torchscript(
+    served: Served, inputs: tuple[torch.Tensor], path: Path, error: Exception
+) -> np.ndarray:
+    """Where torch.export cannot capture the model (a Python branch on a tensor's value, most
+    often), TorchScript compiles its code, branches included."""
+    print(f"hvd-train: torch.export cannot capture this model ({type(error).__name__}); "
+          f"compiling it with TorchScript into {path}", file=sys.stderr)  # fmt: skip
+    try:
+        with warnings.catch_warnings(action="ignore"):  # TorchScript's deprecation notice
+            scripted = torch.jit.script(served)
+    except Exception as script_error:  # TorchScript's failures have many types too
+        raise UsageError(
+            f"neither torch.export ({type(error).__name__}: {str(error).splitlines()[0]}) nor "
+            f"TorchScript ({type(script_error).__name__}) can take this model; export a "
+            "Keras model as keras or savedmodel, or rewrite the branch on a tensor's value "
+            "with torch.cond"
+        ) from None
+    torch.jit.save(scripted, str(path))
+    return torch.jit.load(str(path))(*inputs).detach().cpu().numpy()
 
 
 def export_onnx(

@@ -1,6 +1,7 @@
 """`hvd-train export`: a checkpoint as the framework's own serving form, loadable without
 hvd_train: a `torch.export` program (TorchScript where it cannot), ONNX, a `.keras` file or a
-TensorFlow SavedModel. A neutral recipe's checkpoint exports in all four."""
+TensorFlow SavedModel. A neutral recipe's checkpoint exports in all four. The export computes as
+training did (mixed precision included), but for ONNX and TorchScript, which compute in fp32."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hvd_train.resume import saved_recipe
 from hvd_train.run import open_run, start
 
 EXAMPLES = 8  # test examples the export is checked on, loaded back
-# How far a reloaded export's outputs may be from the checkpoint's: the same weights, run by
+# How far a reloaded export's outputs may be from the model's: the same weights, run by
 # another runtime (ONNX Runtime, XLA-less SavedModel) whose kernels sum in another order.
 TOLERANCE = 1e-4
 
@@ -26,10 +27,12 @@ def export_checkpoint(
     path: Path, format: str, output: Path | None, data_dir: Path | None,
     recipe_reference: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Writes `path`'s model in `format` (beside the checkpoint unless `output` says where),
-    checks it loaded back against the checkpoint's own outputs on test examples, and returns
-    what was written and how far apart the two were."""
+    """Writes `path`'s model in `format` (in the run's export/ folder unless `output` says
+    where), checks it loaded back against the model's own outputs on test examples, and
+    returns what was written and how far apart the two were."""
     framework, suffix = EXPORT_FORMATS[format]
+    if output is not None:
+        check_output(output, format, suffix)
     adapter = start(framework)
     checkpoint = read_checkpoint(path)
     state = checkpoint.state | {"path": str(checkpoint.path)}
@@ -44,14 +47,25 @@ def export_checkpoint(
     run.load_weights(checkpoint, "export it with the recipe that wrote it")
     x, _ = take(load_data(recipe, data_dir).test, np.arange(EXAMPLES))
     target = output or default_output(checkpoint.path, suffix)
-    written, outputs = adapter.export(target, format, x)
-    expected = adapter.logits(x)
+    written, expected, outputs = adapter.export(target, format, x)
     difference = None if outputs is None else float(np.abs(outputs - expected).max())
     if difference is not None and not difference <= TOLERANCE * max(1, np.abs(expected).max()):
         raise RuntimeError(f"{written} loaded back gives outputs {difference} from the model's")
     return {"export": str(written), "format": format, "checkpoint": str(checkpoint.path),
             "examples_checked": len(x) if difference is not None else 0,
             "max_difference": difference}  # fmt: skip
+
+
+def check_output(output: Path, format: str, suffix: str) -> None:
+    """-o names a file its loaders take (torch.export's and Keras's look at the suffix), in a
+    folder that exists; a SavedModel is a folder of any name."""
+    if format != "savedmodel" and output.suffix != suffix:
+        raise UsageError(
+            f"-o {output}: --format {format} writes a {suffix} file; name it "
+            f"{output.with_suffix(suffix)}"
+        )
+    if not output.parent.is_dir():
+        raise UsageError(f"-o {output}: the folder {output.parent} does not exist; create it")
 
 
 def default_output(checkpoint: Path, suffix: str) -> Path:
