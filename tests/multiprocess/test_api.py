@@ -87,6 +87,7 @@ def test_the_launch_command_starts_the_ranks_and_says_how_it_went(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["epochs"] == 1
     assert result.stdout.splitlines()[-1] == (
-        f"hvd-train launch: api_script under torch on 2 ranks (horovod): test accuracy "
-        f"{summary['test_accuracy']:.2%} after {summary['train_seconds']:.1f} s of training"
+        f"hvd-train launch: api_script under torch on 2 ranks (horovod): test loss "
+        f"{summary['test_loss']:.4f}, test accuracy {summary['test_accuracy']:.2%} after "
+        f"{summary['train_seconds']:.1f} s of training"
     )
