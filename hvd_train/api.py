@@ -65,7 +65,7 @@ def train(
         recipe = new_recipe(recipe, framework, overrides)
     if options.horovod_timeline is not None:  # Horovod reads it as it starts; rank 0 writes it
         os.environ["HOROVOD_TIMELINE"] = str(options.horovod_timeline.resolve())
-    adapter = start(framework)
+    adapter = start(framework, recipe if isinstance(recipe, Recipe) else None)  # None: resumed
     if options.elastic and not isinstance(adapter, Elastic):
         raise UsageError(
             f"--elastic is not available with --framework {framework}: Horovod's elastic "

@@ -3,20 +3,39 @@ adapter with Horovod initialised, then the recipe's model built and handed to it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hvd_train.adapters import Adapter, Arrays, create_adapter
+from hvd_train.adapters.base import buckets
 from hvd_train.builders import Layout, build_model
 from hvd_train.checkpoint import Checkpoint
+from hvd_train.layers import RUNNING, neutral_weight_shapes
 from hvd_train.recipe import Recipe
+from hvd_train.recipe.settings import Data
 from hvd_train.resume import check_layout, check_weights_fit
 
 
-def start(framework: str) -> Adapter:
-    """`framework`'s adapter, with Horovod initialised and this process pinned to its device."""
+def start(framework: str, recipe: Recipe | None = None) -> Adapter:
+    """`framework`'s adapter, with Horovod initialised and this process pinned to its device;
+    `recipe`, where it is known this early, tells whether its step may overlap the exchange."""
     adapter = create_adapter(framework)
-    adapter.init()
+    adapter.init(may_overlap=recipe is None or may_overlap(recipe))
     return adapter
+
+
+def may_overlap(recipe: Recipe) -> bool:
+    """Whether `recipe`'s gradients may travel while the backward pass goes on: not with
+    overlap off, nor where a neutral model's gradients fill one bucket (which goes after the
+    pass either way). A Python recipe's model is known only once it is built: it may."""
+    if recipe.horovod.overlap is False:
+        return False
+    if not recipe.layers:
+        return True
+    assert isinstance(recipe.data, Data) and recipe.data.input_shape  # checked with the layers
+    shapes = neutral_weight_shapes(recipe.layers, recipe.data.input_shape)
+    sizes = [4 * math.prod(s) for name, s in shapes.items() if not name.endswith(RUNNING)]
+    return len(buckets(sizes)) > 1  # fp32 weights, fp32 gradients
 
 
 @dataclass(frozen=True)

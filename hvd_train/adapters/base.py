@@ -154,8 +154,9 @@ class Adapter(ABC):
     local_size: int = 1
 
     @abstractmethod
-    def init(self) -> None:
-        """Initialises Horovod and pins this process to its GPU or its share of CPU threads."""
+    def init(self, may_overlap: bool = True) -> None:
+        """Initialises Horovod and pins this process to its GPU or its share of CPU threads;
+        `may_overlap`: whether the step may send gradients while the backward pass goes on."""
 
     @abstractmethod
     def setup(

@@ -86,7 +86,7 @@ class TensorFlowAdapter(Adapter):
     name = "tensorflow"
     hvd = hvd
 
-    def init(self) -> None:
+    def init(self, may_overlap: bool = True) -> None:
         self.apply_horovod_defaults()
         hvd.init()
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
@@ -98,10 +98,13 @@ class TensorFlowAdapter(Adapter):
         else:
             threads = self.threads_per_rank()
             tf.config.threading.set_intra_op_parallelism_threads(threads)
-            # One op more at a time than cores: a pass's weight gradients (and so their
-            # buckets' allreduces) then need not wait behind its whole chain of input
-            # gradients, which one thread runs first (docs/performance.md, "Overlap").
-            tf.config.threading.set_inter_op_parallelism_threads(threads + 1)
+            # Where the exchange may overlap, one op more at a time than cores: a pass's weight
+            # gradients (and so their buckets' allreduces) then need not wait behind its whole
+            # chain of input gradients, which one thread runs first. Elsewhere it costs the
+            # pass a little (docs/performance.md, "Overlap").
+            tf.config.threading.set_inter_op_parallelism_threads(
+                threads + 1 if may_overlap else threads
+            )
 
     def setup(
         self, model: Any, optimizer: Optimizer, loss: Loss, horovod: Horovod, precision: str

@@ -272,7 +272,7 @@ class TorchAdapter(Adapter):
     name = "torch"
     hvd = hvd
 
-    def init(self) -> None:
+    def init(self, may_overlap: bool = True) -> None:
         self.apply_horovod_defaults()
         hvd.init()
         self._pin()

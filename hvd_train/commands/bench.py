@@ -198,7 +198,7 @@ def run_bench(
     """Times the recipe on this rank (alone or as one of horovodrun's); the figures on rank 0,
     None on the others."""
     recipe = bench_recipe(recipe_reference, framework, overrides, synthetic)
-    adapter = start(framework)
+    adapter = start(framework, recipe)
     if links and adapter.world_size == 1:
         raise UsageError("--links projects from a measured exchange, and alone there is none: "
                          "run bench under horovodrun -np 2 or more")  # fmt: skip

@@ -78,3 +78,52 @@ def probe_output(probe: str, variable: str, given: str | None) -> str:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             env=environment, timeout=300, check=True)  # fmt: skip
     return result.stdout.split()[-1]
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "spare"),
+    [
+        ("mnist_cnn", {}, 0),  # 0.74 MB of gradients: one bucket, sent after the pass anyway
+        ("resnet18", {}, 1),  # a Python recipe's model: may overlap
+        ("resnet18", {"overlap": False}, 0),
+        ("mnist_mlp_wide", {}, 1),
+    ],
+)  # fmt: skip
+def test_tensorflow_takes_a_spare_inter_op_thread_only_where_the_exchange_may_overlap(
+    recipe, overrides, spare, tmp_path
+):
+    if recipe == "mnist_mlp_wide":  # a neutral model of 7.4 MB: two buckets
+        recipe = str(tmp_path / "wide.toml")
+        (tmp_path / "wide.toml").write_text(WIDE)
+    probe = ("from hvd_train.api import resolve_recipe; from hvd_train.run import start; "
+             "import tensorflow as tf; "
+             f"recipe = resolve_recipe({recipe!r}, 'tensorflow').with_overrides({overrides!r}); "
+             "from hvd_train.run import open_run; "
+             "adapter = open_run(start('tensorflow', recipe), recipe, seed=0).adapter; "
+             "print(f'{tf.config.threading.get_inter_op_parallelism_threads()},"
+             "{len(adapter.buckets)}')")  # fmt: skip
+    threads, buckets = map(int, probe_output(probe, "HVD_TRAIN_THREADS", "1").split(","))
+    assert threads == 1 + spare
+    # Decided before the model is built, as the adapter then cuts its gradients (overlap
+    # aside): more than one bucket, or a Python recipe's model, takes the spare thread.
+    assert bool(spare) == (buckets > 1 and overrides.get("overlap") is not False)
+
+
+WIDE = """
+[data]
+dataset = "synthetic"
+input_shape = [28, 28, 1]
+num_classes = 10
+
+[model]
+layers = [
+    { type = "flatten" },
+    { type = "dense", units = 1024 },
+    { type = "relu" },
+    { type = "dense", units = 1024 },
+    { type = "relu" },
+    { type = "dense", units = 10 },
+    { type = "softmax" },
+]
+"""
