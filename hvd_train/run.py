@@ -63,7 +63,7 @@ class Run:
 def open_run(framework: str | Adapter, recipe: Recipe, seed: int) -> Run:
     """`recipe`'s model, built from `seed`, set up on `framework`'s adapter (started here, or
     already started when the recipe had to be read with its collectives)."""
-    adapter = start(framework) if isinstance(framework, str) else framework
+    adapter = start(framework, recipe) if isinstance(framework, str) else framework
     precision = recipe.schedule.precision
     built = build_model(recipe, adapter.name, seed)
     adapter.setup(built.model, recipe.optimizer, recipe.loss, recipe.horovod, precision)
