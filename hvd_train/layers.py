@@ -104,10 +104,16 @@ def neutral_weight_shapes(layers: tuple[Layer, ...], input_shape: Shape) -> dict
     return shapes
 
 
-def trainable_parameter_count(layers: tuple[Layer, ...], input_shape: Shape) -> int:
-    """The number of trained numbers (batchnorm's running statistics are not trained)."""
+def trained_weight_shapes(layers: tuple[Layer, ...], input_shape: Shape) -> dict[str, Shape]:
+    """The weights training changes, in layer order (batchnorm's running statistics are not
+    trained)."""
     shapes = neutral_weight_shapes(layers, input_shape)
-    return sum(math.prod(s) for name, s in shapes.items() if not name.endswith(RUNNING))
+    return {name: shape for name, shape in shapes.items() if not name.endswith(RUNNING)}
+
+
+def trainable_parameter_count(layers: tuple[Layer, ...], input_shape: Shape) -> int:
+    """The number of trained numbers."""
+    return sum(map(math.prod, trained_weight_shapes(layers, input_shape).values()))
 
 
 def input_shapes(layers: tuple[Layer, ...], input_shape: Shape) -> list[Shape]:

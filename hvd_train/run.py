@@ -10,7 +10,7 @@ from hvd_train.adapters import Adapter, Arrays, create_adapter
 from hvd_train.adapters.base import buckets
 from hvd_train.builders import Layout, build_model
 from hvd_train.checkpoint import Checkpoint
-from hvd_train.layers import RUNNING, neutral_weight_shapes
+from hvd_train.layers import trained_weight_shapes
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.settings import Data
 from hvd_train.resume import check_layout, check_weights_fit
@@ -33,9 +33,9 @@ def may_overlap(recipe: Recipe) -> bool:
     if not recipe.layers:
         return True
     assert isinstance(recipe.data, Data) and recipe.data.input_shape  # checked with the layers
-    shapes = neutral_weight_shapes(recipe.layers, recipe.data.input_shape)
-    sizes = [4 * math.prod(s) for name, s in shapes.items() if not name.endswith(RUNNING)]
-    return len(buckets(sizes)) > 1  # fp32 weights, fp32 gradients
+    shapes = trained_weight_shapes(recipe.layers, recipe.data.input_shape)
+    sizes = [4 * math.prod(shape) for shape in shapes.values()]  # fp32 gradients
+    return len(buckets(sizes)) > 1
 
 
 @dataclass(frozen=True)

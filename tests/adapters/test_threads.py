@@ -96,11 +96,10 @@ def test_tensorflow_takes_a_spare_inter_op_thread_only_where_the_exchange_may_ov
     if recipe == "mnist_mlp_wide":  # a neutral model of 7.4 MB: two buckets
         recipe = str(tmp_path / "wide.toml")
         (tmp_path / "wide.toml").write_text(WIDE)
-    probe = ("from hvd_train.api import resolve_recipe; from hvd_train.run import start; "
+    probe = ("from hvd_train.api import resolve_recipe; from hvd_train.run import open_run; "
              "import tensorflow as tf; "
              f"recipe = resolve_recipe({recipe!r}, 'tensorflow').with_overrides({overrides!r}); "
-             "from hvd_train.run import open_run; "
-             "adapter = open_run(start('tensorflow', recipe), recipe, seed=0).adapter; "
+             "adapter = open_run('tensorflow', recipe, seed=0).adapter; "
              "print(f'{tf.config.threading.get_inter_op_parallelism_threads()},"
              "{len(adapter.buckets)}')")  # fmt: skip
     threads, buckets = map(int, probe_output(probe, "HVD_TRAIN_THREADS", "1").split(","))
