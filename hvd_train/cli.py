@@ -388,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         print("hvd-train: interrupted", file=sys.stderr)
         return 130
     except Exception as error:
+        if failed_job(error):  # `launch`: a rank died, or raised what cannot be rebuilt here
+            failure: Any = error
+            if failure.remote_traceback:
+                print(failure.remote_traceback, file=sys.stderr)
+            print(f"hvd-train: error: {failure.summary()}; the job was stopped", file=sys.stderr)
+            return 1
         if not lost_peer(error):
             raise
         print(
@@ -403,6 +409,14 @@ def report(error: Exception) -> None:
     """`error`'s one line on stderr, where this rank is the one to say it."""
     if reported_here(error):
         print(f"hvd-train: error: {error}", file=sys.stderr)
+
+
+def failed_job(error: Exception) -> bool:
+    """Whether `error` is the patched Horovod launcher's JobFailed: a rank of a job that `launch`
+    started died, or raised an exception that cannot be rebuilt in the caller."""
+    exceptions = sys.modules.get("horovod.common.exceptions")
+    job_failed = getattr(exceptions, "JobFailed", None)
+    return job_failed is not None and isinstance(error, job_failed)
 
 
 def lost_peer(error: Exception) -> bool:

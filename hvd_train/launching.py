@@ -47,7 +47,7 @@ def launch(
 
     The options and a new run's recipe are checked here, before any rank starts: a mistake is
     a `UsageError` with the CLI's one-line message. A failure inside the ranks is raised here
-    once, as rank 0 raised it (else as the first failing rank did); a `UsageError` stays one."""
+    once, as the first rank to fail raised it; a `UsageError` stays one."""
     if backend not in BACKENDS:
         raise UsageError(f"backend: unknown value {backend!r}; choose one of {', '.join(BACKENDS)}")
     if (backend == "ray" and hosts) or (backend == "horovod" and address):
@@ -84,7 +84,8 @@ def _train_rank(
 
 def run_with_horovod(np: int, hosts: str | None, arguments: tuple[Any, ...]) -> list[Any]:
     """`_train_rank(*arguments)` in `np` ranks that `horovod.run` starts; each rank's result.
-    The patched `horovod.run` raises the exception of a failed rank (rank 0's first)."""
+    The patched `horovod.run` raises the exception of the first rank to fail, or a `JobFailed`
+    naming it where it cannot be rebuilt here (or where a rank died without one)."""
     import horovod
 
     with main_script_hidden():

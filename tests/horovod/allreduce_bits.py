@@ -6,6 +6,8 @@ group (grouped). Every result is allgathered as raw bytes, so rank 0 sees what e
 usage: allreduce_bits.py FRAMEWORK OUT.json
 Rank 0 writes one record per case: whether all ranks got the same bytes, and whether those
 equal the exact answer, where the answer is exact (see `exact_reference`); null where not.
+Float16 and float32 sums also go through a reduce-scatter, whose result is checked against
+the same exact answer.
 
 Rank r draws its data from a generator seeded with r, so every rank can rebuild every rank's
 input and the reference needs no communication.
@@ -65,6 +67,11 @@ class Binding:
 
     def allgather(self, row: np.ndarray) -> np.ndarray:
         return self.hvd.allgather(self.tensor(row[None])).numpy()
+
+    def reducescatter(self, values: np.ndarray, name: str) -> np.ndarray:
+        """The sum of every rank's `values`, whole: each rank's part of it, gathered."""
+        part = self.hvd.reducescatter(self.tensor(values), op=self.hvd.Sum, name=name)
+        return self.hvd.allgather(part).numpy()
 
 
 class Torch(Binding):
@@ -169,6 +176,15 @@ def check(framework, case: str, inputs, reduction: str, result: np.ndarray) -> d
     return record
 
 
+def run_reducescatter(framework, label: str, inputs: list[np.ndarray]) -> dict:
+    """A reduce-scatter's sum against the exact answer, where there is one. Each element is
+    reduced once, on one rank, so there is no agreement between ranks to check."""
+    name = f"{label}.reducescatter".replace(" ", "_")
+    result = framework.reducescatter(inputs[framework.hvd.rank()], name)
+    record = check(framework, f"{label} sum reducescatter", inputs, "sum", result)
+    return record | {"agree": None}
+
+
 def run_case(framework, label: str, inputs: list[np.ndarray], reduction: str, mode: str) -> dict:
     mine = inputs[framework.hvd.rank()]
     pieces = [mine] if mode == "single" else np.array_split(mine, PIECES)
@@ -193,12 +209,15 @@ def main() -> None:
             for reduction in REDUCTIONS:
                 for mode in ("single", "fused", "grouped"):
                     records.append(run_case(framework, label, inputs, reduction, mode))
+            if dtype in (np.float16, np.float32):  # odd lengths: 1,001 and 200,000 / 3
+                records.append(run_reducescatter(framework, label, inputs))
     # The pairs found in review: rank 0 holds the first value, rank 1 the second, others 0.
     for first, second in [(0.5, 14336.0), (-1.0, 48128.0)]:
         inputs = [np.array([v], np.float16) for v in [first, second, *[0.0] * (size - 2)]]
         label = f"float16 pair({first},{second})"
         for reduction in ("sum", "max"):
             records.append(run_case(framework, label, inputs, reduction, "single"))
+        records.append(run_reducescatter(framework, label, [x.repeat(size) for x in inputs]))
     # NaNs of either sign: whichever NaN comes out, every rank gets the same one.
     nans = [np.array([np.nan], np.float32), -np.array([np.nan], np.float32)]
     nans += [np.zeros(1, np.float32)] * (size - 2)

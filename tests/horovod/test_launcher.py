@@ -1,0 +1,100 @@
+"""The patched launcher names the real cause of a failed job: `horovod.run` raises the first
+rank's exception to fail, or a JobFailed naming one it cannot rebuild, under static and elastic
+launches; horovodrun ends a job whose other rank hangs within about 10 s, in one line naming a
+rank that was killed; a bad grace-time setting is one line before anything starts.
+failing_jobs.py holds the jobs."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.multiprocess.conftest import HOROVODRUN
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(300)]
+
+SCRIPT = str(Path(__file__).with_name("failing_jobs.py"))
+
+
+def caller(case: str, **environment: str) -> dict[str, str]:
+    """`horovod.run` of `case` from a fresh Python: what reached the caller, line by line."""
+    result = subprocess.run([sys.executable, SCRIPT, "run", case], capture_output=True,
+                            text=True, timeout=240, env=os.environ | environment)  # fmt: skip
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert result.returncode == 0 and "raised" in lines, result.stdout + result.stderr
+    return lines | {"output": result.stdout + result.stderr}
+
+
+def test_the_first_rank_to_fail_names_the_cause():
+    # Rank 1 raises while rank 0 waits in an allreduce, which then fails on rank 0 as well.
+    seen = caller("first-failure")
+    assert seen["raised"] == "ValueError: rank 1 found a mistake", seen["output"]
+    [note] = json.loads(seen["notes"])
+    assert note.startswith("rank 1's traceback:\nTraceback") and "second_rank_fails_first" in note
+    assert note.endswith("ValueError: rank 1 found a mistake")
+
+
+def test_an_exception_that_cannot_be_rebuilt_comes_back_as_job_failed():
+    seen = caller("two-arguments")
+    assert seen["raised"] == (
+        "JobFailed: rank 1 raised __main__.TwoArguments: a mistake at step 3"
+    ), seen["output"]
+    assert seen["error_type"] == "__main__.TwoArguments"
+    remote = json.loads(seen["remote_traceback"])
+    assert "in second_rank_raises_two_arguments" in remote
+    assert remote.endswith("TwoArguments: a mistake at step 3")
+
+
+def test_an_elastic_job_hands_its_rank_s_exception_back(tmp_path):
+    discovery = tmp_path / "discover.sh"
+    discovery.write_text("#!/bin/sh\necho localhost:2\n")
+    discovery.chmod(0o755)
+    seen = caller("elastic", DISCOVERY_SCRIPT=str(discovery))
+    assert seen["raised"] == "ValueError: rank 1 found a mistake under elastic", seen["output"]
+
+
+def test_a_grace_time_that_is_not_a_number_is_one_line_before_any_rank_starts():
+    seen = caller("grace-time", HOROVOD_GRACEFUL_TERMINATION_TIME_S="soon")
+    assert seen["raised"] == (
+        "BadSetting: HOROVOD_GRACEFUL_TERMINATION_TIME_S must be a number of seconds, such as "
+        "25, not 'soon'; set it so or unset it"
+    )
+    command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, "-c", "pass"]
+    environment = os.environ | {"HOROVOD_GRACEFUL_TERMINATION_TIME_S": "nan"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
+    assert result.returncode == 2 and result.stdout == "", result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        "horovodrun: HOROVOD_GRACEFUL_TERMINATION_TIME_S must be a number of seconds, such as "
+        "25, not 'nan'; set it so or unset it"
+    ]
+
+
+def horovodrun_job(case: str) -> tuple[subprocess.CompletedProcess, float]:
+    command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, SCRIPT, case]
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    return result, time.monotonic() - started
+
+
+def test_a_failed_job_whose_other_rank_hangs_ends_within_about_ten_seconds():
+    # Rank 1 exits with code 3 after 0.5 s; rank 0 ignores SIGTERM and sleeps for 300 s.
+    result, took = horovodrun_job("hang")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "horovodrun: rank 1 exited with code 3; the job was stopped"
+    )
+    assert took < 15, took  # start-up, 0.5 s, 5 s to exit alone, 3 s after SIGTERM
+
+
+def test_a_rank_killed_by_sigkill_is_named_as_such():
+    result, _ = horovodrun_job("oom")
+    assert result.returncode == 128 + 9, result.stdout + result.stderr
+    assert re.fullmatch(
+        r"horovodrun: rank 1 was killed by SIGKILL \(out of memory\?\); the job was stopped",
+        result.stderr.splitlines()[-1],
+    ), result.stderr
