@@ -91,3 +91,27 @@ def test_the_launch_command_starts_the_ranks_and_says_how_it_went(tmp_path):
         f"{summary['test_loss']:.4f}, test accuracy {summary['test_accuracy']:.2%} after "
         f"{summary['train_seconds']:.1f} s of training"
     )
+
+
+@pytest.mark.torch
+def test_the_launch_command_names_a_rank_that_was_killed_in_one_line(tmp_path):
+    recipe = tmp_path / "killed.py"
+    recipe.write_text(
+        "import os, signal\n"
+        "import numpy as np\n"
+        "from torch import nn\n"
+        "from hvd_train import Recipe\n\n"
+        "def data():\n"
+        "    if os.environ.get('HOROVOD_RANK') == '1':  # as the OOM killer would\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    x = np.zeros((64, 4), np.float32)\n"
+        "    return (x, np.zeros(64, np.int64)), (x, np.zeros(64, np.int64))\n\n"
+        "recipe = Recipe(data=data, torch_model=lambda: nn.Linear(4, 2))\n"
+    )
+    command = [sys.executable, "-m", "hvd_train", "launch", "-np", "2", "--recipe", str(recipe),
+               "--framework", "torch", "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "hvd-train: error: rank 1 was killed by SIGKILL (out of memory?); the job was stopped"
+    )
