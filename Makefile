@@ -7,6 +7,10 @@ FRAMEWORK ?= torch
 CONTROLLER ?= --gloo
 TORCH_VERSION := 2.13.0
 TENSORFLOW_VERSION := 2.21.0
+# Horovod's own parallel suites (tests/horovod/test_upstream.py) run against the build wherever
+# Horovod v0.28.1's test/ folder is at hand: HOROVOD_TESTS, else the copy in ../shared.
+HOROVOD_TESTS ?= $(wildcard $(abspath $(CURDIR)/../shared/horovod-v0.28.1-test/test))
+export HOROVOD_TESTS
 # With an NVIDIA GPU: CUDA builds of both frameworks (torch's default wheel on PyPI is one).
 ifneq ($(shell command -v nvidia-smi),)
 TENSORFLOW := tensorflow[and-cuda]==$(TENSORFLOW_VERSION)
@@ -59,10 +63,10 @@ test-clusters: setup
 	$(PY) -m pip install --quiet --editable '.[ray]'
 	$(VENV)/bin/pytest --clusters tests/clusters
 
-# Horovod's own parallel suites against this build: HOROVOD_TESTS names the test/ folder of a
-# Horovod v0.28.1 checkout (the PyPI sdist ships none, and this project copies none of them).
+# Horovod's own parallel suites alone (make test runs them too): HOROVOD_TESTS names the test/
+# folder of Horovod v0.28.1 (the PyPI sdist ships none, and this project copies none of them).
 test-upstream: setup
-	test -d "$(HOROVOD_TESTS)/parallel" || { echo "set HOROVOD_TESTS to the test/ folder of a Horovod v0.28.1 checkout" >&2; exit 2; }
+	test -d "$(HOROVOD_TESTS)/parallel" || { echo "set HOROVOD_TESTS to the test/ folder of Horovod v0.28.1" >&2; exit 2; }
 	$(VENV)/bin/pytest tests/horovod/test_upstream.py
 
 clean:
