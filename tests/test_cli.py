@@ -19,14 +19,9 @@ from hvd_train.layers import neutral_weight_shapes
 from hvd_train.recipe import load_recipe
 from hvd_train.recipe.toml import recipe_toml
 from tests.conftest import FRAMEWORKS, REPO
+from tests.helpers import hvd_train
 
 GOOD_RECIPE = (REPO / "recipes" / "mnist_cnn.toml").read_text()
-
-
-def run(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "hvd_train", *arguments]
-    environment = os.environ | (env or {})
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
 
 
 def assert_usage_error(result: subprocess.CompletedProcess, message: str) -> None:
@@ -38,13 +33,13 @@ def assert_usage_error(result: subprocess.CompletedProcess, message: str) -> Non
 
 
 def test_help_explains_every_flag():
-    assert run("--help").returncode == 0
-    train_help = run("train", "--help").stdout
+    assert hvd_train("--help").returncode == 0
+    train_help = hvd_train("train", "--help").stdout
     for flag in ("--recipe", "--set", "--framework", "--epochs", "--batch-size", "--lr", "--seed",
                  "--data-dir", "--output-dir", "--resume", "--checkpoint-every",
                  "--keep-checkpoints", "--limit-steps", "--log-every", "--debug"):  # fmt: skip
         assert flag in train_help
-    assert "--checkpoint" in run("eval", "--help").stdout
+    assert "--checkpoint" in hvd_train("eval", "--help").stdout
 
 
 def recipe_with(tmp_path: Path, old: str, new: str) -> str:
@@ -201,7 +196,7 @@ def test_bad_input_is_one_line_exit_2_and_loses_nothing(
     arguments, env = given(tmp_path, mnist_dir, framework) if callable(given) else (given, {})
     before = snapshot(saved_run)
     defaults = ["--framework", framework, "--data-dir", str(mnist_dir)]
-    result = run(*defaults, "--output-dir", str(saved_run), *arguments, env=env)
+    result = hvd_train(*defaults, "--output-dir", str(saved_run), *arguments, env=env)
     assert_usage_error(result, message)
     assert snapshot(saved_run) == before
 
@@ -224,7 +219,7 @@ def test_resume_refuses_what_contradicts_the_checkpoint(
     arguments, message, framework, mnist_dir, saved_run
 ):
     before = snapshot(saved_run)
-    result = run("--resume", "--output-dir", str(saved_run), "--data-dir", str(mnist_dir),
+    result = hvd_train("--resume", "--output-dir", str(saved_run), "--data-dir", str(mnist_dir),
                  "--framework", framework, *arguments)  # fmt: skip
     assert_usage_error(result, message)
     assert "leave" in result.stderr and snapshot(saved_run) == before
@@ -234,7 +229,7 @@ def test_resume_refuses_what_contradicts_the_checkpoint(
 def test_unwritable_output_dir(framework, tmp_path, mnist_dir):
     (tmp_path / "file").write_text("")
     output = tmp_path / "file" / "run"
-    result = run(
+    result = hvd_train(
         "--framework", framework, "--data-dir", str(mnist_dir), "--output-dir", str(output)
     )
     assert_usage_error(result, "cannot write to output directory")
@@ -243,15 +238,15 @@ def test_unwritable_output_dir(framework, tmp_path, mnist_dir):
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_resume_with_nothing_to_resume(framework, tmp_path, mnist_dir):
     arguments = ["--framework", framework, "--data-dir", str(mnist_dir), "--resume"]
-    assert_usage_error(run(*arguments, "--output-dir", str(tmp_path)), "nothing to resume")
-    assert_usage_error(run(*arguments), "--resume needs --output-dir")
+    assert_usage_error(hvd_train(*arguments, "--output-dir", str(tmp_path)), "nothing to resume")
+    assert_usage_error(hvd_train(*arguments), "--resume needs --output-dir")
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_new_run_never_overwrites_saved_checkpoints(framework, mnist_dir, saved_run):
     before = snapshot(saved_run)
     arguments = ["--framework", framework, "--data-dir", str(mnist_dir)]
-    result = run(*arguments, "--output-dir", str(saved_run))
+    result = hvd_train(*arguments, "--output-dir", str(saved_run))
     assert_usage_error(result, "already holds checkpoints; pass --resume")
     assert snapshot(saved_run) == before
 
@@ -267,7 +262,7 @@ def test_a_python_recipe_whose_model_changed_since_its_checkpoint_is_refused(tmp
         "recipe = Recipe(data=data, torch_model=lambda: nn.Linear(16, OUT))\n"
     )
     recipe.write_text(code.replace("OUT", "3"))
-    shown = run("show-recipe", "--recipe", str(recipe)).stdout
+    shown = hvd_train("show-recipe", "--recipe", str(recipe)).stdout
     run_dir = tmp_path / "run"
     state = {"epoch": 0, "samples_in_epoch": 8, "recipe": "mine", "layout": "torch",
              "framework": "torch", "seed": 42, "limit_steps": None,
@@ -276,7 +271,7 @@ def test_a_python_recipe_whose_model_changed_since_its_checkpoint_is_refused(tmp
     save_checkpoint(run_dir / "checkpoints", "epoch-0000-sample-00000008", weights, {}, state,
                     shown, 3)  # fmt: skip
     before = snapshot(run_dir)
-    result = run("--resume", "--output-dir", str(run_dir))
+    result = hvd_train("--resume", "--output-dir", str(run_dir))
     assert_usage_error(
         result,
         "was written for another model (recipe 'mine'; weight: (2, 16) there, (3, 16) here); "
@@ -287,27 +282,27 @@ def test_a_python_recipe_whose_model_changed_since_its_checkpoint_is_refused(tmp
 
 def test_resume_from_the_other_framework_is_refused(mnist_dir, saved_run):
     arguments = ["--framework", "tensorflow", "--data-dir", str(mnist_dir), "--resume"]
-    result = run(*arguments, "--output-dir", str(saved_run))
+    result = hvd_train(*arguments, "--output-dir", str(saved_run))
     assert_usage_error(result, "was written by torch; resume it with --framework torch")
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_eval_of_a_missing_checkpoint(framework, tmp_path):
-    result = run("eval", "--framework", framework, "--checkpoint", str(tmp_path / "none"))
+    result = hvd_train("eval", "--framework", framework, "--checkpoint", str(tmp_path / "none"))
     assert_usage_error(result, "none does not exist; check --checkpoint")
-    result = run("eval", "--framework", framework, "--checkpoint", str(tmp_path))
+    result = hvd_train("eval", "--framework", framework, "--checkpoint", str(tmp_path))
     assert_usage_error(result, "is neither a checkpoint nor a run directory holding one")
 
 
 def test_debug_shows_the_traceback():
-    result = run("--recipe", "nope", "--debug")
+    result = hvd_train("--recipe", "nope", "--debug")
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
 def test_elastic_under_tensorflow_is_refused(tmp_path):
-    result = run("--framework", "tensorflow", "--elastic", "--output-dir", str(tmp_path))
+    result = hvd_train("--framework", "tensorflow", "--elastic", "--output-dir", str(tmp_path))
     assert_usage_error(result, "--elastic is not available with --framework tensorflow")
-    result = run("--elastic")
+    result = hvd_train("--elastic")
     assert_usage_error(result, "--elastic needs --output-dir, a folder that every host sees")
 
 
@@ -315,7 +310,7 @@ def test_a_torch_only_recipe_under_tensorflow_is_refused(tmp_path):
     path = tmp_path / "torch_only.py"
     path.write_text("from hvd_train import Data, Recipe\nrecipe = Recipe(data=Data('mnist'), "
                     "torch_model=print)\n")  # fmt: skip
-    result = run("--framework", "tensorflow", "--recipe", str(path))
+    result = hvd_train("--framework", "tensorflow", "--recipe", str(path))
     assert_usage_error(
         result, "recipe 'torch_only' supports torch only (its model is a torch module); use "
         "--framework torch, or give the recipe a keras_model"
@@ -334,12 +329,12 @@ def test_a_loss_branching_on_a_tensor_under_tensorflow_is_one_line(tmp_path):
         "recipe = Recipe(data=Data('synthetic'), layers=[Layer('flatten'), "
         "Layer('dense', {'units': 10}), Layer('softmax')], loss=loss)\n"
     )  # fmt: skip
-    result = run("--framework", "tensorflow", "--recipe", str(path), "--limit-steps", "1")
+    result = hvd_train("--framework", "tensorflow", "--recipe", str(path), "--limit-steps", "1")
     assert_usage_error(result, "the model or the loss uses a tensor as a Python bool")
 
 
 def test_show_recipe_prints_the_effective_recipe(tmp_path):
-    result = run("show-recipe", "--recipe", "mnist_bn", "--set", "optimizer.momentum=0.5",
+    result = hvd_train("show-recipe", "--recipe", "mnist_bn", "--set", "optimizer.momentum=0.5",
                  "--epochs", "7", "--set", "horovod.fp16_compression=true")  # fmt: skip
     assert result.returncode == 0, result.stderr
     path = tmp_path / "shown.toml"
@@ -357,7 +352,9 @@ def test_every_flag_passes_through_horovodrun():
     # its options (as --timeline did --timeline-filename and --timeline-mark-cycles) stops it.
     horovodrun = Path(sys.executable).parent / "horovodrun"
     theirs = set(re.findall(r"--[a-z][a-z-]+", run_horovodrun_help(horovodrun)))
-    ours = set(re.findall(r"^  (--[a-z][a-z-]+)", run("train", "--help").stdout, re.MULTILINE))
+    ours = set(
+        re.findall(r"^  (--[a-z][a-z-]+)", hvd_train("train", "--help").stdout, re.MULTILINE)
+    )
     assert ours and theirs
     for flag in ours:
         assert len([option for option in theirs if option.startswith(flag)]) <= 1, flag
@@ -377,6 +374,6 @@ def run_horovodrun_help(horovodrun: Path) -> str:
     ],
 )
 def test_the_launch_command_refuses_a_mistake_before_any_rank_starts(arguments, message):
-    result = run("launch", "-np", "2", *arguments)
+    result = hvd_train("launch", "-np", "2", *arguments)
     assert_usage_error(result, message)
     assert "<stdout>" not in result.stdout + result.stderr  # no rank said anything

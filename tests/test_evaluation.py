@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FRAMEWORKS
-from tests.test_cli import assert_usage_error, run
+from tests.helpers import hvd_train
+from tests.test_cli import assert_usage_error
 
 RECIPE = """
 import keras
@@ -62,7 +63,9 @@ def test_several_targets_reach_the_loss_as_a_tuple_and_a_metric_by_name(framewor
     labels = "y = (np.arange(203) % 3, x[:, 0] * 2)"
     recipe = write_recipe(tmp_path, labels, "4", "loss=loss, metrics=(class_accuracy,)",
                           TWO_TARGETS)  # fmt: skip
-    result = run("--recipe", recipe, "--framework", framework, "--output-dir", str(tmp_path / "r"))
+    result = hvd_train(
+        "--recipe", recipe, "--framework", framework, "--output-dir", str(tmp_path / "r")
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert set(summary) >= {"test_loss", "test_class_accuracy"}, summary
@@ -73,7 +76,9 @@ def test_several_targets_reach_the_loss_as_a_tuple_and_a_metric_by_name(framewor
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_class_scores_of_the_wrong_shape_are_one_line(framework, tmp_path):
     recipe = write_recipe(tmp_path, "y = np.zeros((203, 5), np.int64)", "3")
-    result = run("--recipe", recipe, "--framework", framework, "--output-dir", str(tmp_path / "r"))
+    result = hvd_train(
+        "--recipe", recipe, "--framework", framework, "--output-dir", str(tmp_path / "r")
+    )
     assert_usage_error(result, "the model gives outputs (N, 3) for labels (N, 5); cross_entropy "
                                "and accuracy take class scores (N, ..., C)")  # fmt: skip
 
@@ -97,6 +102,6 @@ def test_what_the_loss_and_metrics_cannot_take_is_one_line(
 ):
     extra = "def scalar(outputs, labels):\n    return 0.5\n"
     recipe = write_recipe(tmp_path, labels, outputs, arguments, extra)
-    result = run("--recipe", recipe, "--output-dir", str(tmp_path / "r"))
+    result = hvd_train("--recipe", recipe, "--output-dir", str(tmp_path / "r"))
     assert_usage_error(result, message)
     assert not list((tmp_path / "r").glob("checkpoints/*"))

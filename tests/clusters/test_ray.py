@@ -6,11 +6,9 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
-from hvd_train.checkpoint import checkpoint_name
+from tests.helpers import assert_same_weights, saved_weights
 from tests.multiprocess.conftest import TIMEOUT, horovodrun
 
 pytestmark = [pytest.mark.clusters, pytest.mark.torch, pytest.mark.timeout(900)]
@@ -34,12 +32,9 @@ def test_ray_actors_train_the_weights_horovodrun_trains(mnist_dir, tmp_path, mon
     for name, value in EXACT.items():
         monkeypatch.setenv(name, value)
     horovodrun("-m", "hvd_train", *arguments, "--output-dir", str(tmp_path / "horovodrun"))
-    final = checkpoint_name(1, 0)
-    expected = load_file(tmp_path / "horovodrun" / "checkpoints" / final / "model.safetensors")
-    trained = load_file(tmp_path / "ray" / "checkpoints" / final / "model.safetensors")
-    assert expected.keys() == trained.keys()
-    for name in expected:
-        assert np.array_equal(expected[name], trained[name]), name
+    assert_same_weights(
+        saved_weights(tmp_path / "horovodrun", 1), saved_weights(tmp_path / "ray", 1)
+    )
 
 
 def test_a_mistake_found_in_the_ray_actors_is_one_line(tmp_path):

@@ -9,14 +9,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 from benchmarks.hosts import cannot_make_hosts
-from hvd_train.checkpoint import checkpoint_name
 from tests.clusters.slurm import Cluster, cannot_run_slurm, slurm_cluster
 from tests.conftest import REPO
+from tests.helpers import assert_same_weights, saved_weights
 
 pytestmark = [pytest.mark.clusters, pytest.mark.torch, pytest.mark.timeout(1200)]
 SCRIPT = str(REPO / "docker" / "slurm.sbatch")
@@ -61,10 +59,6 @@ def job_state(cluster: Cluster, job: str) -> dict[str, str]:
     return dict(field.split("=", 1) for field in shown if "=" in field)
 
 
-def final_weights(run: Path) -> dict[str, np.ndarray]:
-    return load_file(run / "checkpoints" / checkpoint_name(1, 0) / "model.safetensors")
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(cluster, mnist_dir, tmp_path_factory) -> Path:
     """One epoch of mnist_cnn (STEPS steps) as a batch job, start to end."""
@@ -102,7 +96,9 @@ def test_a_requeued_job_resumes_by_itself_to_the_uninterrupted_weights(
         time.sleep(0.2)
     assert cluster.run("scontrol", "requeue", job).returncode == 0  # training is under way
     # Slurm holds a requeued job for two minutes before it may start again; release it.
-    while job_state(cluster, job)["JobState"] != "PENDING":
+    requeued = time.monotonic() + 60
+    while (state := job_state(cluster, job))["JobState"] != "PENDING":
+        assert time.monotonic() < requeued, state
         time.sleep(0.5)
     cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     while (state := job_state(cluster, job))["JobState"] not in {"COMPLETED", "FAILED"}:
@@ -112,10 +108,7 @@ def test_a_requeued_job_resumes_by_itself_to_the_uninterrupted_weights(
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", log
     assert "hvd-train: stopped by SIGTERM at step" in log, log
     assert f"hvd-train: resuming from {run}/checkpoints/epoch-0000-sample-" in log, log
-    expected, resumed = final_weights(uninterrupted), final_weights(run)
-    assert expected.keys() == resumed.keys()
-    for name in expected:
-        np.testing.assert_array_equal(resumed[name], expected[name], err_msg=name)
+    assert_same_weights(saved_weights(uninterrupted, 1), saved_weights(run, 1))
 
 
 def test_more_ranks_than_the_allocation_has_is_one_line(cluster, tmp_path):

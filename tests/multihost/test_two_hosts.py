@@ -11,11 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 from benchmarks.hosts import HOSTS, cannot_make_hosts
 from benchmarks.hosts import two_hosts as make_two_hosts
-from hvd_train.checkpoint import checkpoint_name
+from tests.helpers import assert_same_weights, saved_weights
 from tests.multiprocess.conftest import HOROVODRUN
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.torch,
@@ -47,10 +46,6 @@ def train(key: Path | None, launch: list[str], output: Path, mnist_dir: Path) ->
     return json.loads((output / "summary.json").read_text())
 
 
-def final_weights(output: Path) -> dict[str, np.ndarray]:
-    return load_file(output / "checkpoints" / checkpoint_name(1, 0) / "model.safetensors")
-
-
 def test_ssh_is_key_only(two_hosts):
     command = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "hvd-host-a", "true"]
     assert subprocess.run(command, capture_output=True).returncode == 255  # no key, no entry
@@ -62,7 +57,7 @@ def test_ssh_is_key_only(two_hosts):
 def one_host(mnist_dir, tmp_path_factory) -> tuple[dict, dict[str, np.ndarray]]:
     """The same job on one host: its summary and final weights."""
     output = tmp_path_factory.mktemp("alone") / "run"
-    return train(None, ["-H", "localhost:4"], output, mnist_dir), final_weights(output)
+    return train(None, ["-H", "localhost:4"], output, mnist_dir), saved_weights(output, 1)
 
 
 @pytest.mark.parametrize("launch", ["hosts", "hostfile"])
@@ -80,10 +75,7 @@ def test_training_across_two_hosts_matches_one_host(launch, two_hosts, one_host,
     assert alone["world_size"] == across["world_size"] == 4
     # The same job: the same data, seeds, steps and order of sums, so the same numbers, bit for bit.
     assert across["test_accuracy"] == alone["test_accuracy"]
-    got = final_weights(tmp_path / "across")
-    assert expected.keys() == got.keys()
-    for name in expected:
-        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    assert_same_weights(expected, saved_weights(tmp_path / "across", 1))
 
 
 def test_doctor_checks_both_hosts(two_hosts, mnist_dir):

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from safetensors.numpy import load_file
 
-from hvd_train.checkpoint import checkpoint_name
 from tests.conftest import FRAMEWORKS
+from tests.helpers import saved_weights
 from tests.multiprocess.conftest import horovodrun
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -34,7 +33,7 @@ layers = [
 
 def train(output: Path, *arguments: str) -> dict:
     horovodrun("-m", "hvd_train", "--output-dir", str(output), *arguments)
-    weights = load_file(output / "checkpoints" / checkpoint_name(1, 0) / "model.safetensors")
+    weights = saved_weights(output, 1)
     assert {str(array.dtype) for array in weights.values()} == {"float32"}
     return json.loads((output / "summary.json").read_text())
 

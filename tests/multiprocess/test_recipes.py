@@ -4,14 +4,13 @@ and every Python example under each framework it supports."""
 import functools
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.conftest import FRAMEWORKS, REPO
+from tests.helpers import evaluation
 from tests.multiprocess.conftest import horovodrun
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(1200)]
@@ -111,13 +110,7 @@ def test_a_keras_models_checkpoint_scores_the_same_under_the_other_framework(
     writer, reader, example_run, mnist_dir
 ):
     run = example_run("mnist_resnet_keras.py", writer)
-    command = [sys.executable, "-m", "hvd_train", "eval", "--checkpoint", str(run), "--json",
-               "--framework", reader, "--data-dir", str(mnist_dir)]  # fmt: skip
-    result = json.loads(
-        subprocess.run(
-            command, capture_output=True, text=True, check=True, timeout=600
-        ).stdout.splitlines()[-1]
-    )
+    result = evaluation(run, "--framework", reader, "--data-dir", str(mnist_dir))
     written = json.loads((run / "summary.json").read_text())
     assert result["written_by"] == writer and result["framework"] == reader
     assert abs(result["test_accuracy"] - written["test_accuracy"]) <= 0.0005
@@ -180,9 +173,6 @@ def test_the_tagging_example_learns_a_tag_per_position(framework, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.98, summary
     # The same checkpoint in one process: the same per-position accuracy over all 1001 x 24.
-    command = [sys.executable, "-m", "hvd_train", "eval", "--checkpoint", str(tmp_path), "--json",
-               "--framework", framework]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
-    alone = json.loads(result.stdout.splitlines()[-1])
+    alone = evaluation(tmp_path, "--framework", framework)
     assert alone["world_size"] == 1
     assert alone["test_accuracy"] * 1001 * 24 == pytest.approx(summary["test_accuracy"] * 1001 * 24)

@@ -18,6 +18,7 @@ from safetensors.numpy import load_file
 
 from hvd_train.checkpoint import checkpoint_name, checkpoints
 from tests.conftest import FRAMEWORKS
+from tests.helpers import assert_same_weights, saved_weights
 from tests.multiprocess.conftest import (
     HERE,
     HOROVODRUN,
@@ -51,7 +52,7 @@ def test_a_signal_checkpoints_at_the_next_step_and_resume_finishes_the_same(
                  "--limit-steps", "80", "--log-every", "5"]  # fmt: skip
     horovodrun("-m", "hvd_train", *arguments, "--output-dir", str(tmp_path / "straight"))
     final = checkpoint_name(2, 0)
-    expected = load_file(tmp_path / "straight" / "checkpoints" / final / "model.safetensors")
+    expected = saved_weights(tmp_path / "straight", 2)
     # SIGTERM to horovodrun (it passes it on), and SIGINT to the ranks themselves (as Slurm and
     # Kubernetes signal every process).
     for target, sig in (("horovodrun", signal.SIGTERM), ("ranks", signal.SIGINT)):
@@ -72,10 +73,7 @@ def test_a_signal_checkpoints_at_the_next_step_and_resume_finishes_the_same(
         assert saved and saved[-1].name != final and not (run / "summary.json").exists()
         horovodrun("-m", "hvd_train", "--resume", "--output-dir", str(run),
                    "--data-dir", str(mnist_dir))  # fmt: skip
-        resumed = load_file(run / "checkpoints" / final / "model.safetensors")
-        assert expected.keys() == resumed.keys()
-        for name in expected:
-            assert np.array_equal(expected[name], resumed[name]), (target, name)
+        assert_same_weights(expected, saved_weights(run, 2))
 
 
 def error_line(output: str) -> str:
