@@ -18,7 +18,7 @@ else
 TENSORFLOW := tensorflow-cpu==$(TENSORFLOW_VERSION)
 endif
 
-.PHONY: setup train test test-containers test-clusters test-upstream lint docs clean
+.PHONY: setup train test test-quick test-containers test-clusters test-upstream lint docs clean
 
 setup: $(VENV)/.setup-done
 
@@ -45,6 +45,10 @@ lint: setup
 test: lint
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 	$(VENV)/bin/pytest
+
+# What to run between changes: the unit tests and one short two-rank run per framework.
+test-quick: setup
+	$(VENV)/bin/pytest -m "smoke or not (slow or multiprocess)"
 
 # The documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000, rebuilt as pages change.
 docs: setup

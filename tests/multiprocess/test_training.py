@@ -36,6 +36,7 @@ def test_only_rank_zero_writes(first_run):
     assert (base / "timeline.json").exists()  # rank 0 writes it; it is not in rank 1's folder
 
 
+@pytest.mark.smoke
 def test_short_run_learns_far_above_chance(first_run):
     framework, base, _, _ = first_run
     summary = json.loads((base / "rank0" / "summary.json").read_text())
