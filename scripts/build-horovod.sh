@@ -66,6 +66,10 @@ say "build key: $key"
 
 if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
     say "no cached wheel; building Horovod $HOROVOD_VERSION (several minutes)"
+    # The sdist's setup.py imports these, and pip builds it without isolation (CMake must see
+    # the frameworks installed here), so they must be installed here too.
+    "$python" -c 'import packaging, setuptools, wheel' 2>/dev/null \
+        || "$python" -m pip install --quiet setuptools wheel packaging
     work="$(mktemp -d)"
     trap 'rm -rf "$work"' EXIT
     "$python" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" \
