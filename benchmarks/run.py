@@ -146,7 +146,19 @@ def machine() -> str:
     versions = ", ".join(f"{p} {metadata.version(p)}" for p in packages)
     versions += f", hvd_train {hvd_train.__version__}"
     return (f"{time.strftime('%Y-%m-%d')}, {platform.machine()}, {CORES} cores, "
-            f"Python {platform.python_version()}, {versions}")  # fmt: skip
+            f"Python {platform.python_version()}, {versions}, CPU {cpu()}")  # fmt: skip
+
+
+def cpu() -> str:
+    """The CPU's model and its widest vector instructions that bear on the kernels (AVX512-BF16
+    makes bf16 fast; the project's machines have had it on some days and not on others)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                  if line.startswith("model name")), platform.processor() or "unknown")  # fmt: skip
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines()
+                      if line.startswith("flags")), []))  # fmt: skip
+    widest = next((f for f in ("avx512_bf16", "avx512f", "avx2") if f in flags), "no AVX2")
+    return f"{model} ({widest})"
 
 
 def chart(best: dict[str, float], path: Path) -> None:

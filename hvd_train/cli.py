@@ -1,4 +1,4 @@
-"""Command line: `hvd-train [train|launch|eval|doctor|show-recipe|plot|bench|k8s] ...`, the
+"""Command line: `hvd-train [train|launch|eval|export|show-recipe|plot|bench|doctor|k8s] ...`, the
 same as `python -m hvd_train ...`; `train` is the default command."""
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(shared, ["data_dir"], checked)
     shared.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
     commands = parser.add_subparsers(
-        dest="command", metavar="{train,launch,eval,show-recipe,plot,bench,doctor,k8s}",
+        dest="command", metavar="{train,launch,eval,export,show-recipe,plot,bench,doctor,k8s}",
         parser_class=Parser,
     )  # fmt: skip
     train = commands.add_parser(
@@ -170,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch: a torch.export program (.pt2; TorchScript .pt where export "
                         "cannot); onnx; keras: a .keras file; savedmodel: a TensorFlow "
                         "SavedModel folder")  # fmt: skip
-    export.add_argument("-o", "--output", type=Path, help="where to write it (default: beside "
-                        "the checkpoint, with the format's suffix)")  # fmt: skip
+    export.add_argument("-o", "--output", type=Path, help="where to write it (default: the "
+                        "run's export/ folder, with the format's suffix)")  # fmt: skip
     export.add_argument("--recipe", help="for a Python recipe's checkpoint: the recipe, if it "
                         "moved since")  # fmt: skip
     commands.add_parser(

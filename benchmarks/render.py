@@ -1,0 +1,202 @@
+"""Writes the figures on the README and the docs pages from the results files the benchmarks
+write (docs/results/*.json), so that a page holds no figure of its own: each figure sits in a
+block, `<!-- results NAME -->` ... `<!-- /results -->`, which RENDERERS[NAME] fills from the
+files, with their date and machine.
+
+    python -m benchmarks.render          # rewrite every page's blocks from the files
+    python -m benchmarks.render --check  # exit 1 naming each block that differs (make test)
+
+Which benchmark writes which file: docs/performance.md, "What to run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+BLOCK = re.compile(r"(<!-- results (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def results(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def when(figures: dict[str, Any]) -> str:
+    """The date and machine a results file was measured on, as its `machine` says."""
+    date, machine = figures["machine"].split(", ", 1)
+    return f"{date}, on {machine}"
+
+
+def first_run() -> str:
+    """The README's excerpt of `make train`'s output under torch: a progress line and the
+    evaluation line of each epoch."""
+    run = results("default-run")["runs"]["torch"]
+    lines = run["lines"]
+    epochs = [line for line in lines if ": train loss " in line]
+    shown: list[str] = []
+    for evaluation in epochs:
+        epoch = evaluation.split(":epoch ", 1)[1].split(":", 1)[0]
+        steps = [line for line in lines if f":epoch {epoch}: step " in line]
+        shown += ["...", steps[len(steps) // 2], "...", evaluation]
+    summary = run["summary"]
+    return "\n".join([
+        "```text", *shown, "```", "",
+        f"({results('default-run')['machine'].split(', ')[0]}, this project's 2-core machine: "
+        f"{summary['test_accuracy']:.2%} after {summary['train_seconds']:.1f} s of training, "
+        f"{run['wall_seconds']:.0f} s in all.)", "",
+    ])  # fmt: skip
+
+
+def default_run() -> str:
+    """Both frameworks' default runs, one row each."""
+    figures = results("default-run")
+    command = figures["runs"]["torch"]["command"].replace("torch", "torch|tensorflow")
+    head = ["framework", "test accuracy", "test loss", "train_seconds", "images/s", "step_ms",
+            "t_comp_ms", "t_sync_ms"]  # fmt: skip
+    rows = []
+    for framework, run in figures["runs"].items():
+        s = run["summary"]
+        timings = [f"{s[key]:.1f}" for key in ("step_ms", "t_comp_ms", "t_sync_ms")]
+        quality = [f"{s['test_accuracy']:.2%}", f"{s['test_loss']:.4f}"]
+        speed = [f"{s['train_seconds']:.1f}", f"{s['images_per_second']:.0f}", *timings]
+        rows.append([framework, *quality, *speed])
+    return "\n".join([
+        f"`{command}` with the recipe's defaults (2 epochs, global batch 128), on Gloo, "
+        f"{when(figures)} (`docs/results/default-run.json`):", "", table(head, rows), "",
+    ])  # fmt: skip
+
+
+def default_run_accuracy() -> str:
+    runs = results("default-run")["runs"]
+    return (
+        f"(`mnist_cnn` with its defaults under each framework, `horovodrun -np 2`, "
+        f"{results('default-run')['machine'].split(', ')[0]}: "
+        f"{runs['torch']['summary']['test_accuracy']:.2%} under torch, "
+        f"{runs['tensorflow']['summary']['test_accuracy']:.2%} under TensorFlow.)\n"
+    )
+
+
+def links_row(figures: dict[str, Any], gbit_s: float) -> dict[str, Any]:
+    return next(row for row in figures["links"] if row["gbit_s"] == gbit_s)
+
+
+def resnet18_summary() -> str:
+    """The README's sentence on ResNet-18 across two hosts."""
+    figures = results("links-resnet18")
+    slow, fast = links_row(figures, 1.0), links_row(figures, 10.0)
+    return (
+        f"ResNet-18 (`--recipe resnet18`, {figures['gradient_mb']:.0f} MB of gradients a step) "
+        f"across two hosts, best of {figures['repeats']} rounds, {when(figures).split(',')[0]}: "
+        f"at 1 Gbit/s {slow['hvd_train']:.1f} images/s with the exchange overlapping the "
+        f"backward pass, {slow['of_limit']['hvd_train']:.2f} of the same ranks with no exchange "
+        f"at all, against {slow['ddp']:.1f} for torch's DDP "
+        f"({slow['hvd_train'] / slow['ddp']:.2f}x); at 10 Gbit/s {fast['hvd_train']:.1f} against "
+        f"{fast['ddp']:.1f} ({fast['hvd_train'] / fast['ddp']:.2f}x).\n"
+    )
+
+
+def resnet18_links() -> str:
+    """docs/performance.md's table: each system at each link speed."""
+    figures = results("links-resnet18")
+    head = ["link", "hvd_train torch (auto)", "overlap off", "torch DDP", "hvd_train TF",
+            "limit", "torch / DDP", "within a round"]  # fmt: skip
+    rows = [[f"{row['gbit_s']:g} Gbit/s", f"{row['hvd_train']:.1f}",
+             f"{row['hvd_train_no_overlap']:.1f}", f"{row['ddp']:.1f}",
+             f"{row['tensorflow']:.1f}", f"{row['limit']:.1f}",
+             f"{row['hvd_train'] / row['ddp']:.2f}x", f"{row['hvd_train_vs_ddp']:.2f}x"]
+            for row in figures["links"]]  # fmt: skip
+    return "\n".join([
+        f"Images/s, best of {figures['repeats']} rounds of {figures['steps']} steps, "
+        f"{when(figures)} (`docs/results/links-resnet18.json`). \"torch / DDP\" divides the "
+        "best of each; \"within a round\" is the best ratio of two runs of one round:", "",
+        table(head, rows), "",
+    ])  # fmt: skip
+
+
+def precision() -> str:
+    figures = results("precision")
+    spans = []
+    for recipe in dict.fromkeys(row["recipe"] for row in figures["rows"]):
+        ratios = [row["over_fp32"]["bf16-mixed"] for row in figures["rows"]
+                  if row["recipe"] == recipe]  # fmt: skip
+        spans.append(f"{recipe} {min(ratios):.2f}-{max(ratios):.2f}x")
+    return (
+        f"`bf16-mixed` over fp32, images/s, under both frameworks at np=1 and 2 "
+        f"({when(figures)}; `docs/results/precision.json`): {', '.join(spans)}.\n"
+    )
+
+
+def systems_mnist() -> str:
+    best = results("systems-mnist")["best"]
+    torch, ddp = best["hvd_train torch, np=2"], best["torch DDP (Gloo, torchrun), np=2"]
+    tf = best["hvd_train tensorflow, np=2"]
+    mwms = best["TensorFlow MultiWorkerMirroredStrategy (custom loop), 2 workers"]
+    return (
+        f"`mnist_cnn` at np=2 on one host, images/s ({when(results('systems-mnist'))}; "
+        f"`docs/results/systems-mnist.json`): hvd_train torch {torch:.0f} against torch's DDP "
+        f"{ddp:.0f} ({torch / ddp:.2f}x); hvd_train TensorFlow {tf:.0f} against "
+        f"MultiWorkerMirroredStrategy {mwms:.0f} ({tf / mwms:.2f}x).\n"
+    )
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "first-run": first_run,
+    "default-run": default_run,
+    "default-run-accuracy": default_run_accuracy,
+    "resnet18-summary": resnet18_summary,
+    "resnet18-links": resnet18_links,
+    "precision": precision,
+    "systems-mnist": systems_mnist,
+}
+
+
+def render(text: str) -> str:
+    """`text` with each block's body written anew from the results files."""
+    return BLOCK.sub(lambda m: m.group(1) + RENDERERS[m["name"]]() + m.group(4), text)
+
+
+def stale_blocks(checked: list[Path] | None = None) -> list[str]:
+    """`PAGE: NAME` for each block of the pages (all by default) whose body differs from what
+    the results files give."""
+    stale = []
+    for page in checked or pages():
+        text = page.read_text()
+        fresh = {m["name"]: m["body"] for m in BLOCK.finditer(render(text))}
+        stale += [f"{page.name}: {m['name']}" for m in BLOCK.finditer(text)
+                  if m["body"] != fresh[m["name"]]]  # fmt: skip
+    return stale
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if stale")
+    if parser.parse_args().check:
+        stale = stale_blocks()
+        for block in stale:
+            print(f"{block}: differs from docs/results; run python -m benchmarks.render")
+        sys.exit(1 if stale else 0)
+    for page in pages():
+        text = page.read_text()
+        if render(text) != text:
+            page.write_text(render(text))
+            print(f"rendered {page.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
