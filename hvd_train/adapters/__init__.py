@@ -28,8 +28,8 @@ BINDINGS = {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
 
 # Settings TensorFlow reads once, as it loads, applied where the environment gives none. On
 # Linux, TensorFlow turns oneDNN's CPU kernels on by itself only on CPUs with neural-network
-# instructions (AVX512-VNNI or -BF16, AVX-VNNI, AMX). On this project's AVX2 machine they made
-# mnist_cnn's train step faster (docs/performance.md). TF_ENABLE_ONEDNN_OPTS=0 turns them off.
+# instructions (AVX512-VNNI or -BF16, AVX-VNNI, AMX). On an AVX2-only CPU they made mnist_cnn's
+# train step faster (docs/history.md, "Speed"). TF_ENABLE_ONEDNN_OPTS=0 turns them off.
 TENSORFLOW_ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "1"}
 
 

@@ -31,7 +31,7 @@ OBJECT_COLLECTIVE = "hvd_train.object"
 # Horovod settings hvd_train applies where the environment gives none. A cycle of 3 ms instead of
 # Horovod's 1 ms: where every cycle is a negotiation round of all ranks (MPI; Gloo while a tensor
 # waits for a slower rank), fewer rounds leave more of shared cores to the computation. How it
-# was measured: docs/performance.md.
+# was measured: docs/history.md, "Speed".
 HOROVOD_DEFAULTS = {"HOROVOD_CYCLE_TIME": "3"}
 Arrays = dict[str, np.ndarray]
 Batch = tuple[np.ndarray, Any]  # inputs and labels (an array, or a tuple of them), from `take`
@@ -42,8 +42,8 @@ Loss = str | Callable[[Any, Any], Any]  # "cross_entropy", or (outputs, labels) 
 
 
 # Gradients travel in buckets of about this size when they overlap the backward pass, so that
-# the bucket the pass finishes last is small. How it was chosen: docs/performance.md, "Overlap
-# and models of real size".
+# the bucket the pass finishes last is small. How it was chosen: docs/history.md, "Overlap and
+# models of real size".
 BUCKET_BYTES = 4 * 2**20
 # "auto" times this many steps (after the first, which warms up) with the exchange after the
 # pass, then overlaps if the wait for it was at least SYNC_SHARE of the passes' time.

@@ -48,7 +48,7 @@ class Compiled:
     the batch dimension of its first `batch_arguments` arguments left open, so that an epoch's
     last, smaller batch does not trace it again. Traced without AutoGraph, as Keras 3 traces
     its own train step: nothing here branches on a tensor, and AutoGraph's rewrite of Horovod's
-    `grouped_allreduce` took most of the first step's time (docs/performance.md)."""
+    `grouped_allreduce` took most of the first step's time (docs/history.md, "Speed")."""
 
     def __init__(self, function: Callable[..., Any], batch_arguments: int) -> None:
         self.graph = tf.function(function, reduce_retracing=True, autograph=False)
@@ -101,7 +101,7 @@ class TensorFlowAdapter(Adapter):
             # Where the exchange may overlap, one op more at a time than cores: a pass's weight
             # gradients (and so their buckets' allreduces) then need not wait behind its whole
             # chain of input gradients, which one thread runs first. Elsewhere it costs the
-            # pass a little (docs/performance.md, "Overlap").
+            # pass a little (docs/history.md, "Overlap and models of real size").
             tf.config.threading.set_inter_op_parallelism_threads(
                 threads + 1 if may_overlap else threads
             )
