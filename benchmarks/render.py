@@ -150,6 +150,43 @@ def systems_mnist() -> str:
     )
 
 
+def passed(run: dict[str, Any]) -> str:
+    """How many tests a run passed, from pytest's closing line."""
+    return str(run["counts"].split(" passed")[0])
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} minutes"
+
+
+def test_times_summary() -> str:
+    """The README's sentence on what the two test commands cost."""
+    figures = results("test-times")
+    test, quick = figures["test"], figures["quick"]
+    date = figures["machine"].split(", ")[0]
+    return (
+        f"`make test` passed {passed(test)} tests in {minutes(test['seconds'])} of pytest on 2 "
+        f"cores ({date}; set-up adds a few minutes once the Horovod wheel is cached), Horovod's "
+        f"own test suites included; `make test-quick` (unit tests and one short two-rank run per "
+        f"framework) {passed(quick)} in {minutes(quick['seconds'])}.\n"
+    )
+
+
+def test_times() -> str:
+    """docs/testing.md's table of the slowest tests."""
+    figures = results("test-times")
+    test = figures["test"]
+    rows = [[f"`{entry['test'].split('/', 1)[1]}`", f"{entry['seconds']:.0f}"]
+            for entry in test["slowest"][:12]]  # fmt: skip
+    slowest = sum(entry["seconds"] for entry in test["slowest"])
+    return "\n".join([
+        f"`make test`, {when(figures)} (`docs/results/test-times.json`): {passed(test)} tests in "
+        f"{minutes(test['seconds'])} of pytest; its 25 slowest tests took "
+        f"{minutes(slowest)} of them, the 12 slowest:", "",
+        table(["test", "seconds"], rows), "",
+    ])  # fmt: skip
+
+
 def table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
@@ -163,6 +200,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "resnet18-links": resnet18_links,
     "precision": precision,
     "systems-mnist": systems_mnist,
+    "test-times-summary": test_times_summary,
+    "test-times": test_times,
 }
 
 
