@@ -38,10 +38,16 @@ def when(figures: dict[str, Any]) -> str:
     return f"{date}, on {machine}"
 
 
+def day(figures: dict[str, Any]) -> str:
+    """The date alone."""
+    return str(figures["machine"].split(", ", 1)[0])
+
+
 def first_run() -> str:
     """The README's excerpt of `make train`'s output under torch: a progress line and the
     evaluation line of each epoch."""
-    run = results("default-run")["runs"]["torch"]
+    figures = results("default-run")
+    run = figures["runs"]["torch"]
     lines = run["lines"]
     epochs = [line for line in lines if ": train loss " in line]
     shown: list[str] = []
@@ -52,7 +58,7 @@ def first_run() -> str:
     summary = run["summary"]
     return "\n".join([
         "```text", *shown, "```", "",
-        f"({results('default-run')['machine'].split(', ')[0]}, this project's 2-core machine: "
+        f"({day(figures)}, this project's 2-core machine: "
         f"{summary['test_accuracy']:.2%} after {summary['train_seconds']:.1f} s of training, "
         f"{run['wall_seconds']:.0f} s in all.)", "",
     ])  # fmt: skip
@@ -78,10 +84,11 @@ def default_run() -> str:
 
 
 def default_run_accuracy() -> str:
-    runs = results("default-run")["runs"]
+    figures = results("default-run")
+    runs = figures["runs"]
     return (
         f"(`mnist_cnn` with its defaults under each framework, `horovodrun -np 2`, "
-        f"{results('default-run')['machine'].split(', ')[0]}: "
+        f"{day(figures)}: "
         f"{runs['torch']['summary']['test_accuracy']:.2%} under torch, "
         f"{runs['tensorflow']['summary']['test_accuracy']:.2%} under TensorFlow.)\n"
     )
@@ -97,7 +104,7 @@ def resnet18_summary() -> str:
     slow, fast = links_row(figures, 1.0), links_row(figures, 10.0)
     return (
         f"ResNet-18 (`--recipe resnet18`, {figures['gradient_mb']:.0f} MB of gradients a step) "
-        f"across two hosts, best of {figures['repeats']} rounds, {when(figures).split(',')[0]}: "
+        f"across two hosts, best of {figures['repeats']} rounds, {day(figures)}: "
         f"at 1 Gbit/s {slow['hvd_train']:.1f} images/s with the exchange overlapping the "
         f"backward pass, {slow['of_limit']['hvd_train']:.2f} of the same ranks with no exchange "
         f"at all, against {slow['ddp']:.1f} for torch's DDP "
@@ -138,12 +145,13 @@ def precision() -> str:
 
 
 def systems_mnist() -> str:
-    best = results("systems-mnist")["best"]
+    figures = results("systems-mnist")
+    best = figures["best"]
     torch, ddp = best["hvd_train torch, np=2"], best["torch DDP (Gloo, torchrun), np=2"]
     tf = best["hvd_train tensorflow, np=2"]
     mwms = best["TensorFlow MultiWorkerMirroredStrategy (custom loop), 2 workers"]
     return (
-        f"`mnist_cnn` at np=2 on one host, images/s ({when(results('systems-mnist'))}; "
+        f"`mnist_cnn` at np=2 on one host, images/s ({when(figures)}; "
         f"`docs/results/systems-mnist.json`): hvd_train torch {torch:.0f} against torch's DDP "
         f"{ddp:.0f} ({torch / ddp:.2f}x); hvd_train TensorFlow {tf:.0f} against "
         f"MultiWorkerMirroredStrategy {mwms:.0f} ({tf / mwms:.2f}x).\n"
@@ -163,12 +171,11 @@ def test_times_summary() -> str:
     """The README's sentence on what the two test commands cost."""
     figures = results("test-times")
     test, quick = figures["test"], figures["quick"]
-    date = figures["machine"].split(", ")[0]
     return (
         f"`make test` passed {passed(test)} tests in {minutes(test['seconds'])} of pytest on 2 "
-        f"cores ({date}; set-up adds a few minutes once the Horovod wheel is cached), Horovod's "
-        f"own test suites included; `make test-quick` (unit tests and one short two-rank run per "
-        f"framework) {passed(quick)} in {minutes(quick['seconds'])}.\n"
+        f"cores ({day(figures)}; set-up adds a few minutes once the Horovod wheel is cached), "
+        f"Horovod's own test suites included; `make test-quick` (unit tests and one short "
+        f"two-rank run per framework) {passed(quick)} in {minutes(quick['seconds'])}.\n"
     )
 
 
