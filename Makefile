@@ -42,13 +42,17 @@ lint: setup
 	$(VENV)/bin/mypy
 	$(VENV)/bin/hadolint docker/Dockerfile.cpu docker/Dockerfile.cuda
 
+# pytest-xdist, one worker per core: the multi-process tests in order on one worker, the
+# one-process tests on the others (tests/conftest.py groups them).
+PYTEST := $(VENV)/bin/pytest -n auto --dist loadgroup
+
 test: lint
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
-	$(VENV)/bin/pytest
+	$(PYTEST)
 
 # What to run between changes: the unit tests and one short two-rank run per framework.
 test-quick: setup
-	$(VENV)/bin/pytest -m "smoke or not (slow or multiprocess)"
+	$(PYTEST) -m "smoke or not (slow or multiprocess)"
 
 # The documentation site (docs/, mkdocs.yml) at http://127.0.0.1:8000, rebuilt as pages change.
 docs: setup

@@ -43,7 +43,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `containers` or `clusters` run only with that option, whatever -m says."""
+    """Tests marked `containers` or `clusters` run only with that option, whatever -m says.
+    Under pytest-xdist (`-n 2 --dist loadgroup`, as make test runs), the multi-process tests
+    run one after another on one worker, each with the cores its ranks pin, while the other
+    worker takes the one-process tests."""
+    for item in items:
+        if item.get_closest_marker("multiprocess"):
+            item.add_marker(pytest.mark.xdist_group("multiprocess"))
     for name in OPT_IN:
         if config.getoption(f"--{name}"):
             continue

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from hvd_train.commands.doctor import data_check
 
 
@@ -11,6 +13,7 @@ def doctor(*arguments: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # starts both frameworks' Horovod and ssh checks: left out of make test-quick
 def test_a_ready_machine_passes_every_check(mnist_dir):
     result = doctor("--data-dir", str(mnist_dir), "-H", "localhost:2")
     assert result.returncode == 0, result.stdout
@@ -22,6 +25,7 @@ def test_a_ready_machine_passes_every_check(mnist_dir):
     assert lines[-1] == "all checks passed"
 
 
+@pytest.mark.slow
 def test_missing_data_and_an_unreachable_host_fail_with_their_fixes(tmp_path):
     result = doctor("--data-dir", str(tmp_path), "-H", "nosuch.invalid:4")
     assert result.returncode == 1

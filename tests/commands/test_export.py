@@ -19,7 +19,8 @@ from tests.conftest import REPO
 from tests.multiprocess.test_recipes import load_example
 from tests.reference import reference_logits
 
-pytestmark = [pytest.mark.torch, pytest.mark.tensorflow, pytest.mark.timeout(900)]
+# slow: each trains a run and loads its export in a fresh process (make test-quick leaves it out)
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.tensorflow, pytest.mark.timeout(900)]
 
 # Each format's loader, as a user serving the model writes it: x.npy in, outputs.npy out.
 LOADERS = {

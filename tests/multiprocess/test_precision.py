@@ -42,13 +42,16 @@ def train(output: Path, *arguments: str) -> dict:
 def test_bf16_mixed_keeps_mnist_cnn_within_a_third_of_a_point_of_fp32(
     framework, mnist_dir, tmp_path
 ):
+    # 200 of the epoch's 469 steps: a CPU without AVX512-BF16 (CI's may lack it) computes bf16
+    # several times slower than fp32, and the whole epoch took up to five minutes there.
     accuracy = {}
     for precision in ("fp32", "bf16-mixed"):
-        arguments = ["--framework", framework, "--epochs", "1", "--data-dir", str(mnist_dir)]
+        arguments = ["--framework", framework, "--epochs", "1", "--limit-steps", "200",
+                     "--data-dir", str(mnist_dir)]  # fmt: skip
         summary = train(tmp_path / precision, *arguments, "--set", f"precision={precision}")
         accuracy[precision] = summary["test_accuracy"]
-    print(f"mnist_cnn, one epoch at np=2 under {framework}: {accuracy}")
-    assert accuracy["fp32"] >= 0.98
+    print(f"mnist_cnn, 200 steps at np=2 under {framework}: {accuracy}")
+    assert accuracy["fp32"] >= 0.97
     assert abs(accuracy["bf16-mixed"] - accuracy["fp32"]) <= 0.003
 
 
