@@ -42,6 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         parser.addoption(f"--{name}", action="store_true", help=help)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `containers` or `clusters` run only with that option, whatever -m says.
     Under pytest-xdist (`-n 2 --dist loadgroup`, as make test runs), the multi-process tests
@@ -57,3 +58,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if not item.get_closest_marker(name)]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist 3.8 groups tests (`--dist loadgroup`) by renaming them in a way pytest 9
+    ignores: the two-rank jobs would then share the cores, and fail by their timeouts."""
+    grouping = getattr(config.option, "dist", "no") == "loadgroup"
+    if grouping and int(pytest.__version__.split(".")[0]) >= 9:
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} cannot group tests with pytest-xdist's --dist "
+            'loadgroup; install "pytest>=8,<9", as pyproject.toml\'s dev group does (make setup)'
+        )
