@@ -10,13 +10,14 @@ In a Python recipe or a notebook:
 from hvd_train.api import train
 from hvd_train.launching import launch
 from hvd_train.layers import Layer
-from hvd_train.recipe import Data, Horovod, Optimizer, Recipe, Schedule
+from hvd_train.recipe import Data, Horovod, Loading, Optimizer, Recipe, Schedule
 from hvd_train.version import __version__
 
 __all__ = [
     "Data",
     "Horovod",
     "Layer",
+    "Loading",
     "Optimizer",
     "Recipe",
     "Schedule",

@@ -22,6 +22,8 @@ from hvd_train.scoring import describe
 if TYPE_CHECKING:
     from hvd_train.trainer import Trainer
 
+DATA_WAIT_SHARE = 0.1  # of the steps' time, waiting for batches, that Progress points out
+
 
 class Hook:
     """Does nothing; a hook overrides what it needs."""
@@ -44,6 +46,8 @@ class Reporting(Hook):
         self.every = every
         self.losses: list[float] = []
         self.bar = EpochProgress("", 0, 0, False)
+        self.records = 0
+        self.said_data_waits = False
 
     def before_epoch(self, trainer: Trainer, epoch: int, first_step: int) -> None:
         label = f"epoch {epoch + 1}/{trainer.recipe.schedule.epochs}"
@@ -66,6 +70,22 @@ class Reporting(Hook):
         trainer.metrics.train(done.epoch + 1, step + 1, trainer.examples(done), average, rate,
                               speed, 1000 * seconds / len(self.losses))  # fmt: skip
         self.losses = []
+        self.records += 1
+        self.say_if_data_waits(trainer)
+
+    def say_if_data_waits(self, trainer: Trainer) -> None:
+        """Once, on rank 0, from the second record on (the first holds the workers' start):
+        the steps waited for their batches for more than a tenth of their time."""
+        share = trainer.throughput.data_share()
+        if self.said_data_waits or self.records < 2 or share <= DATA_WAIT_SHARE:
+            return
+        self.said_data_waits = True
+        if trainer.adapter.is_rank_zero:
+            tqdm.write(
+                f"hvd-train: the steps waited for their batches {100 * share:.0f}% of the time "
+                f"with {trainer.workers} data workers; read further ahead with more "
+                "(--set data.workers=N, [data] workers in the recipe) or from faster storage"
+            )
 
     def after_epoch(self, trainer: Trainer, epoch: int, train_loss: float) -> None:
         self.bar.close()

@@ -19,7 +19,8 @@ from hvd_train.position import Position
 from hvd_train.recipe import Recipe, load_recipe
 from hvd_train.recipe.toml import parse_toml_recipe
 
-SAFE_CHANGES = ("schedule.epochs", "model.metrics")  # what a resumed run may change
+# What a resumed run may change: how batches are read never changes what they hold.
+SAFE_CHANGES = ("schedule.epochs", "model.metrics", "data.workers", "data.prefetch")
 
 
 def saved_framework(output_dir: Path) -> str | None:

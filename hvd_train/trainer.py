@@ -15,7 +15,8 @@ import platform
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,8 @@ from tqdm import tqdm
 
 from hvd_train.adapters.base import Elastic, ElasticState, StepResult
 from hvd_train.checkpoint import Checkpoint
-from hvd_train.data import Splits, take
+from hvd_train.data import Splits
+from hvd_train.data.pipeline import Step, Taken, read_ahead, workers_for
 from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.errors import Stopped, UsageError
 from hvd_train.hooks import Hook
@@ -60,6 +62,7 @@ class Trainer:
         self.throughput = Throughput()
         self.elastic_state: ElasticState | None = None
         self.requests = StopRequests()
+        self.workers = 0  # the data workers of the epoch that trains
         self.last_eval = dict.fromkeys(["loss", *self.recipe.metric_functions], float("nan"))
         self.resize()
 
@@ -84,19 +87,21 @@ class Trainer:
         size = len(self.data.train)
         return position.epoch * size + min(self.plan.samples(position), size)
 
-    def run_step(self, batches: list[np.ndarray], step: int) -> StepResult:
-        """One optimizer step on this rank's batches (one per backward pass)."""
+    def run_step(self, batches: Iterator[Taken], indices: Step, step: int) -> StepResult:
+        """One optimizer step on this rank's next batches (one per backward pass), whose
+        examples are `indices`; the wait for them is the step's T_data."""
         adapter = self.adapter
         started = time.perf_counter()
-        taken = [take(self.data.train, indices) for indices in batches]
+        taken = next(batches)
+        waited = time.perf_counter() - started
         if self.metrics.failure:
             self.requests.failure = self.metrics.failure
         result = adapter.train_step(
             taken, self.schedule(step), step_seed(self.seed, step, adapter.rank),
             self.requests.flags(),
         )  # fmt: skip
-        images = sum(map(len, batches)) * adapter.world_size
-        self.throughput.add(images, time.perf_counter() - started, result)
+        images = sum(map(len, indices)) * adapter.world_size
+        self.throughput.add(images, time.perf_counter() - started, result, waited)
         return result
 
     def run_epoch(self, epoch: int, first_step: int) -> float:
@@ -108,14 +113,19 @@ class Trainer:
                             self.recipe.horovod.backward_passes_per_step)  # fmt: skip
         for hook in self.hooks:
             hook.before_epoch(self, epoch, first_step)
+        loading = self.recipe.loading
+        self.workers = workers_for(loading.workers, self.data.train, adapter.threads_per_rank())
         total = 0.0
-        for index in range(first_step, steps):
-            result = self.run_step(shard[index], self.plan.global_step(Position(epoch, index)))
-            done = Position(epoch, index + 1)
-            self.check_step(result, done)
-            total += result.loss
-            for hook in self.hooks:
-                hook.after_step(self, done, result)
+        with closing(read_ahead(self.data.train, shard[first_step:steps], self.workers,
+                                loading.prefetch)) as batches:  # fmt: skip
+            for index in range(first_step, steps):
+                step = self.plan.global_step(Position(epoch, index))
+                result = self.run_step(batches, shard[index], step)
+                done = Position(epoch, index + 1)
+                self.check_step(result, done)
+                total += result.loss
+                for hook in self.hooks:
+                    hook.after_step(self, done, result)
         return total / max(1, steps - first_step)
 
     def check_step(self, result: StepResult, done: Position) -> None:

@@ -39,9 +39,10 @@ def test_the_framework_to_resume_with_is_the_newest_checkpoints(tmp_path):
     assert saved_framework(tmp_path) is None  # unreadable: the checkpoint's check says why
 
 
-def test_only_more_epochs_may_differ_from_the_checkpoints_recipe():
+def test_only_more_epochs_and_how_batches_are_read_may_differ_from_the_checkpoints_recipe():
     saved = load_recipe("mnist_cnn")
     check_same_run(saved, saved.with_overrides({"epochs": 9}), "ckpt")
+    check_same_run(saved, saved.with_overrides({"data.workers": 4, "data.prefetch": 8}), "ckpt")
     with pytest.raises(UsageError, match=r"^--resume: optimizer.learning_rate is 0.5 here but "):
         check_same_run(saved, saved.with_overrides({"learning_rate": 0.5}), "ckpt")
 

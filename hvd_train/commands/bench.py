@@ -1,9 +1,10 @@
 """`hvd-train bench`: how fast a recipe trains, and where a step's time goes.
 
 Run alone or under horovodrun, it times three things on every rank, one after the other:
-  1. training steps, exactly as training takes them, split as the summary splits them: T_comp
-     (forward and backward passes), T_sync (the wait for the gradient exchange after them: what
-     the passes did not hide) and T_other (taking the batches, the update, Python);
+  1. training steps, exactly as training takes them, split as the summary splits them: T_data
+     (the wait for the batches, which the data workers read ahead), T_comp (forward and
+     backward passes), T_sync (the wait for the gradient exchange after them: what the passes
+     did not hide) and T_other (the update, Python);
   2. the same steps without the exchange, every rank alone but all at once: what the ranks could
      do if the gradients travelled for free. Their summed throughput is the limit, and (1) over
      it the scaling efficiency;
@@ -19,6 +20,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +28,8 @@ import numpy as np
 
 from hvd_train.adapters import Adapter
 from hvd_train.api import DEFAULT_RECIPE, resolve_recipe, with_overrides
-from hvd_train.data import Splits, load_data, take
+from hvd_train.data import Splits, load_data
+from hvd_train.data.pipeline import read_ahead, workers_for
 from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Data, Recipe
@@ -41,6 +44,7 @@ class RankTimes:
     """One rank's seconds per step, and its examples per step."""
 
     examples: int
+    data: float  # a training step's wait for its batches (T_data)
     compute: float  # a training step's forward and backward passes (T_comp)
     sync: float  # its wait for the exchange (T_sync)
     hide: float  # how long a transfer could hide behind the last pass (T_hide)
@@ -49,22 +53,30 @@ class RankTimes:
 
 
 def time_rank(
-    adapter: Adapter, data: Splits, batch_size: int, passes: int, steps: int, warmup: int
+    adapter: Adapter, data: Splits, recipe: Recipe, steps: int, warmup: int
 ) -> tuple[RankTimes, float]:
     """This rank's times, and the wall time of the training phase (for images/s)."""
     order = epoch_order(len(data.train), 0, 0)
-    shard = shard_steps(order, adapter.rank, adapter.world_size, batch_size, passes)
+    shard = shard_steps(order, adapter.rank, adapter.world_size, recipe.schedule.batch_size,
+                        recipe.horovod.backward_passes_per_step)  # fmt: skip
     batches = [shard[i % len(shard)] for i in range(warmup + steps)]
+    workers = workers_for(recipe.loading.workers, data.train, adapter.threads_per_rank())
     flags = np.zeros(2)
 
     def phase(run: Callable[[list[Any], int], tuple[float, ...]]) -> tuple[float, np.ndarray]:
-        """The wall time of the timed steps, and the sums of the parts `run` returns."""
+        """The wall time of the timed steps, and the sums of the wait for data and of the
+        parts `run` returns."""
         adapter.allreduce_sum(np.zeros(1))  # every rank starts the phase together
-        started, parts = time.perf_counter(), np.zeros(3)
-        for index, indices in enumerate(batches):
-            if index == warmup:
-                started, parts = time.perf_counter(), np.zeros(3)
-            parts += run([take(data.train, part) for part in indices], index)
+        started, parts = time.perf_counter(), np.zeros(4)
+        ahead = read_ahead(data.train, batches, workers, recipe.loading.prefetch)
+        with closing(ahead) as taken_steps:
+            for index in range(len(batches)):
+                if index == warmup:
+                    started, parts = time.perf_counter(), np.zeros(4)
+                waiting = time.perf_counter()
+                taken = next(taken_steps)
+                parts[0] += time.perf_counter() - waiting
+                parts[1:] += run(taken, index)
         return time.perf_counter() - started, parts
 
     def train(taken: list[Any], index: int) -> tuple[float, ...]:
@@ -75,12 +87,12 @@ def time_rank(
         adapter.local_step(taken, index)
         return 0.0, 0.0, 0.0
 
-    wall, (compute, sync, hide) = phase(train)
+    wall, (waited, compute, sync, hide) = phase(train)
     local_wall, _ = phase(local)
     allreduce = adapter.time_gradient_allreduce(ALLREDUCE_REPEATS)
     examples = sum(len(part) for part in batches[-1])
-    per_step = RankTimes(examples, compute / steps, sync / steps, hide / steps,
-                         local_wall / steps, allreduce)  # fmt: skip
+    per_step = RankTimes(examples, waited / steps, compute / steps, sync / steps,
+                         hide / steps, local_wall / steps, allreduce)  # fmt: skip
     return per_step, wall
 
 
@@ -91,17 +103,18 @@ def report(ranks: list[RankTimes], wall: float, steps: int, gradient_bytes: int)
     images_per_second = examples * steps / wall
     limit = sum(r.examples / r.local for r in ranks)
     step_ms = 1000 * wall / steps
-    compute, sync = ranks[0].compute, ranks[0].sync
+    waited, compute, sync = ranks[0].data, ranks[0].compute, ranks[0].sync
     allreduce = float(np.mean([r.allreduce for r in ranks]))
     return {
         "world_size": len(ranks),
         "global_batch": examples,
         "images_per_second": round(images_per_second, 1),
         "step_ms": round(step_ms, 2),
+        "t_data_ms": round(1000 * waited, 2),
         "t_comp_ms": round(1000 * compute, 2),
         "t_sync_ms": round(1000 * sync, 2),
         "t_hide_ms": round(1000 * ranks[0].hide, 2),
-        "t_other_ms": round(step_ms - 1000 * (compute + sync), 2),
+        "t_other_ms": round(step_ms - 1000 * (waited + compute + sync), 2),
         "limit_images_per_second": round(limit, 1),
         "scaling_efficiency": round(images_per_second / limit, 3),
         "gradient_mb": round(gradient_bytes / 1e6, 3),
@@ -154,8 +167,9 @@ def table(figures: dict[str, Any], title: str) -> str:
     return "\n".join([
         title,
         f"  images/s             {f['images_per_second']:10.1f}",
-        f"  step                 {f['step_ms']:10.2f} ms = T_comp {f['t_comp_ms']:.2f} + T_sync "
-        f"{f['t_sync_ms']:.2f} + T_other {f['t_other_ms']:.2f} (data, update, Python)",
+        f"  step                 {f['step_ms']:10.2f} ms = T_data {f['t_data_ms']:.2f} + T_comp "
+        f"{f['t_comp_ms']:.2f} + T_sync {f['t_sync_ms']:.2f} + T_other {f['t_other_ms']:.2f} "
+        "(update, Python)",
         f"  limit                {f['limit_images_per_second']:10.1f} images/s (every rank "
         "training alone, all at once)",
         f"  scaling efficiency   {100 * f['scaling_efficiency']:10.1f} %",
@@ -205,8 +219,7 @@ def run_bench(
     data = load_data(recipe, data_dir)
     open_run(adapter, recipe, seed=0)
     adapter.broadcast_state(include_optimizer=False)
-    passes = recipe.horovod.backward_passes_per_step
-    times, wall = time_rank(adapter, data, recipe.schedule.batch_size, passes, steps, warmup)
+    times, wall = time_rank(adapter, data, recipe, steps, warmup)
     ranks = adapter.allgather_object(times)
     if not adapter.is_rank_zero:
         return None

@@ -13,7 +13,7 @@ from importlib import resources
 from hvd_train.layers import Layer
 from hvd_train.recipe.base import FRAMEWORKS, Recipe
 from hvd_train.recipe.python import is_python_reference, load_python_recipe
-from hvd_train.recipe.settings import Data, Horovod, Optimizer, Schedule
+from hvd_train.recipe.settings import Data, Horovod, Loading, Optimizer, Schedule
 from hvd_train.recipe.toml import load_toml_recipe
 
 
@@ -34,6 +34,7 @@ __all__ = [
     "Data",
     "Horovod",
     "Layer",
+    "Loading",
     "Optimizer",
     "Recipe",
     "Schedule",

@@ -19,9 +19,11 @@ from hvd_train.errors import UsageError
 from hvd_train.layers import Layer, checked_layers
 from hvd_train.recipe.settings import (
     KEY_SECTIONS,
+    LOADING_KEYS,
     LOSSES,
     Data,
     Horovod,
+    Loading,
     Optimizer,
     Schedule,
     Settings,
@@ -48,6 +50,8 @@ class Recipe:
     `metrics`: what evaluation reports besides the loss: names of built-ins ("accuracy",
     "top_k_accuracy", "mse", "mae") and functions `(outputs, labels) -> (sum, count)` on NumPy
     arrays, recorded by their names. Default: accuracy with cross_entropy, else none.
+    `loading`: how the training batches are read (`Loading(workers=4)`), for either kind of
+    `data`; in TOML and `--set`, its keys sit in `[data]`.
     """
 
     data: Data | Callable[[], Any]
@@ -59,6 +63,7 @@ class Recipe:
     optimizer: Optimizer = field(default_factory=Optimizer)
     schedule: Schedule = field(default_factory=Schedule)
     horovod: Horovod = field(default_factory=Horovod)
+    loading: Loading = field(default_factory=Loading)
     description: str = ""
     name: str = "recipe"  # set by the loader: the file's or object's name
     source: str = ""  # set by the loader: where the recipe came from
@@ -158,13 +163,15 @@ class Recipe:
                     f"{key}: unknown setting; use section.key with a key of the recipe reference "
                     "(docs/recipes.md), like schedule.epochs"
                 )
-            tables.setdefault(section, {})[name] = value
+            tables.setdefault("loading" if name in LOADING_KEYS else section, {})[name] = value
         changes: dict[str, Any] = {}
-        for section, values in tables.items():
-            current = getattr(self, section)
+        for attribute, values in tables.items():
+            current = getattr(self, attribute)
             if not isinstance(current, Settings):
-                raise UsageError(f"{section}: this recipe's data is a Python function, not a table")
-            changes[section] = dataclasses.replace(current, **values)  # type: ignore[type-var]
+                raise UsageError(
+                    f"{attribute}: this recipe's data is a Python function, not a table"
+                )
+            changes[attribute] = dataclasses.replace(current, **values)  # type: ignore[type-var]
         return dataclasses.replace(self, **changes)
 
     def settings_table(self) -> dict[str, Any]:
@@ -179,7 +186,10 @@ class Recipe:
             model["metrics"] = list(self.metric_functions)
         table = {
             "description": self.description,
-            "data": self.data.table() if isinstance(self.data, Data) else {"python": python},
+            "data": {
+                **(self.data.table() if isinstance(self.data, Data) else {"python": python}),
+                **self.loading.table(),
+            },
             "model": model,
         }
         for section in ("optimizer", "schedule", "horovod"):

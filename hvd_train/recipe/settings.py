@@ -157,15 +157,35 @@ class Horovod(Settings):
             raise self.fail("overlap", f"unknown value {self.overlap!r}; {choices}")
 
 
-SECTIONS: dict[str, type[Settings]] = {
-    cls.section: cls for cls in (Data, Optimizer, Schedule, Horovod)
-}
+@dataclass(frozen=True)
+class Loading(Settings):
+    """How the training batches are read, for any data (a Python recipe's own too); its keys
+    sit in `[data]`. `workers` threads take the next batches while the step runs, up to
+    `prefetch` batches ahead; 0 workers take each batch in the step. `"auto"`: none for arrays
+    in memory, else one per core of the rank (2 to 8). What a batch holds never changes."""
+
+    section = "data"
+    workers: int | str = "auto"
+    prefetch: int = setting(2, kind=int, positive=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        workers = self.workers
+        if not (workers == "auto" or (type(workers) is int and workers >= 0)):
+            raise self.fail(
+                "workers",
+                f"unknown value {workers!r}; give a number of threads (0: read in the step) "
+                'or "auto"',
+            )
+
+
 # Every key's section, so an override may name a key alone (`epochs=2`): the names are unique.
 KEY_SECTIONS = {
-    item.name: section
-    for section, cls in SECTIONS.items()
-    for item in dataclasses.fields(cls)  # type: ignore[arg-type]
+    item.name: cls.section
+    for cls in (Data, Loading, Optimizer, Schedule, Horovod)
+    for item in dataclasses.fields(cls)
 }
+LOADING_KEYS = frozenset(item.name for item in dataclasses.fields(Loading))
 
 
 def make_settings(cls: type[Settings], table: dict[str, Any]) -> Any:

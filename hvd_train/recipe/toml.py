@@ -14,7 +14,16 @@ import tomli_w
 
 from hvd_train.errors import UsageError
 from hvd_train.recipe.base import Recipe
-from hvd_train.recipe.settings import LOSSES, Data, Horovod, Optimizer, Schedule, make_settings
+from hvd_train.recipe.settings import (
+    LOADING_KEYS,
+    LOSSES,
+    Data,
+    Horovod,
+    Loading,
+    Optimizer,
+    Schedule,
+    make_settings,
+)
 
 TABLES = ("data", "model", "optimizer", "schedule", "horovod")
 
@@ -61,8 +70,10 @@ def _recipe(root: dict[str, Any]) -> Recipe:
     description = root.get("description", "")
     if not isinstance(description, str):
         raise UsageError(f"description: expected str, got {description!r}")
+    data = _table(root, "data", required=True)
     return Recipe(
-        data=make_settings(Data, _table(root, "data", required=True)),
+        data=make_settings(Data, {k: v for k, v in data.items() if k not in LOADING_KEYS}),
+        loading=make_settings(Loading, {k: v for k, v in data.items() if k in LOADING_KEYS}),
         layers=model["layers"],
         loss=loss,
         metrics=model.get("metrics"),

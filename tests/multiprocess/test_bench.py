@@ -22,10 +22,13 @@ def figures(output: str) -> list[dict]:
 
 
 def test_report_splits_the_step_and_sets_it_against_the_limit():
-    rank = RankTimes(examples=64, compute=0.03, sync=0.01, hide=0.02, local=0.04, allreduce=0.004)
+    rank = RankTimes(examples=64, data=0.002, compute=0.03, sync=0.01, hide=0.02, local=0.04,
+                     allreduce=0.004)  # fmt: skip
     f = report([rank, rank], wall=100 * 0.05, steps=100, gradient_bytes=2_000_000)
     assert f["images_per_second"] == pytest.approx(2560) and f["step_ms"] == pytest.approx(50)
-    assert (f["t_comp_ms"], f["t_sync_ms"], f["t_other_ms"]) == pytest.approx((30, 10, 10))
+    assert (f["t_data_ms"], f["t_comp_ms"], f["t_sync_ms"], f["t_other_ms"]) == pytest.approx(
+        (2, 30, 10, 8)
+    )
     assert f["limit_images_per_second"] == pytest.approx(3200)
     assert f["scaling_efficiency"] == pytest.approx(0.8)
     assert f["plain_allreduce_mb_per_s"] == pytest.approx(500)
@@ -60,7 +63,8 @@ def test_bench_under_horovodrun_times_the_exchange_on_rank_zero_only(framework):
     assert output.count('{"world') == 1 and '[0]<stdout>:{"world' in output
     assert bench["world_size"] == 2 and bench["global_batch"] == 128
     assert bench["t_comp_ms"] > 0 and bench["t_sync_ms"] > 0 and bench["t_other_ms"] >= 0
-    parts = bench["t_comp_ms"] + bench["t_sync_ms"] + bench["t_other_ms"]
+    assert bench["t_data_ms"] >= 0
+    parts = bench["t_data_ms"] + bench["t_comp_ms"] + bench["t_sync_ms"] + bench["t_other_ms"]
     assert parts == pytest.approx(bench["step_ms"], abs=0.05)
     assert bench["images_per_second"] == pytest.approx(128_000 / bench["step_ms"], rel=0.01)
     assert bench["scaling_efficiency"] > 0 and bench["limit_images_per_second"] > 0

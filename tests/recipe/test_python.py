@@ -121,3 +121,16 @@ def test_a_toml_recipe_that_is_not_toml_is_one_line(tmp_path, content):
     with pytest.raises(UsageError, match=rf"{tmp_path}/mine.toml") as error:
         load_recipe(str(path))
     assert "\n" not in str(error.value)
+
+
+def test_a_python_recipes_own_data_takes_the_data_workers_settings(tmp_path):
+    text = GOOD.replace('data=Data("synthetic")', "data=lambda: None, loading=Loading(workers=2)")
+    text = text.replace("from hvd_train import Data,", "from hvd_train import Data, Loading,")
+    recipe = load_recipe(write(tmp_path, text))
+    assert (recipe.loading.workers, recipe.loading.prefetch) == (2, 2)
+    changed = recipe.with_overrides({"data.workers": "auto", "data.prefetch": 8})
+    assert (changed.loading.workers, changed.loading.prefetch) == ("auto", 8)
+    assert changed.settings_table()["data"] == {"python": f"python recipe {recipe.source}",
+                                                "workers": "auto", "prefetch": 8}  # fmt: skip
+    with pytest.raises(UsageError, match=r"^data: this recipe's data is a Python function"):
+        recipe.with_overrides({"data.dataset": "mnist"})

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Data, Optimizer, Schedule, load_recipe
+from hvd_train.recipe import Data, Loading, Optimizer, Schedule, load_recipe
 from hvd_train.recipe.toml import packaged_recipes, parse_toml_recipe, recipe_toml
 from tests.conftest import REPO
 
@@ -53,6 +53,22 @@ def test_a_minimal_recipe_takes_the_documented_defaults():
                                        warmup_epochs=0.0, decay="none")  # fmt: skip
     assert recipe.data == Data("mnist", input_shape=(28, 28, 1), num_classes=10)
     assert recipe.loss == "cross_entropy" and recipe.horovod.backward_passes_per_step == 1
+    assert recipe.loading == Loading(workers="auto", prefetch=2)
+
+
+def test_how_batches_are_read_is_said_in_data_and_set_like_any_key():
+    recipe = parse(MINIMAL.replace('dataset = "mnist"', 'dataset = "mnist"\nworkers = 3'))
+    assert recipe.loading == Loading(workers=3) and recipe.data == Data("mnist")
+    assert recipe.settings_table()["data"] == {
+        "dataset": "mnist",
+        "input_shape": [28, 28, 1],
+        "num_classes": 10,
+        "workers": 3,
+        "prefetch": 2,
+    }
+    again = recipe.with_overrides({"data.workers": 0, "prefetch": 4})
+    assert again.loading == Loading(workers=0, prefetch=4) and again.data == recipe.data
+    assert parse(recipe_toml(again)).loading == again.loading
 
 
 def test_overrides_replace_only_what_is_given_and_are_checked():
@@ -110,6 +126,12 @@ def test_a_relative_npz_path_is_taken_from_the_recipes_folder():
         ('dataset = "mnist"', 'dataset = "npz"', "data.path: missing; npz data needs it"),
         ("[horovod]", "[horovd]", "horovd: unknown table or key"),
         ("[data]", "[dat]", "dat: unknown table or key"),
+        ('dataset = "mnist"', 'dataset = "mnist"\nworkers = "many"',
+         "data.workers: unknown value 'many'; give a number of threads (0: read in the step) "
+         'or "auto"'),
+        ('dataset = "mnist"', 'dataset = "mnist"\nworkers = -1', "data.workers: unknown value -1"),
+        ('dataset = "mnist"', 'dataset = "mnist"\nprefetch = 0',
+         "data.prefetch: 0 is out of range"),
     ],
 )  # fmt: skip
 def test_bad_recipe_names_file_key_and_problem(old, new, message):
