@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from hvd_train.data.base import ArrayDataset, Dataset, Splits, take
+from hvd_train.data.folder import load_folder
 from hvd_train.data.mnist import load_mnist
 from hvd_train.data.npz import load_npz
 from hvd_train.data.synthetic import load_synthetic
@@ -29,6 +30,8 @@ def load_data(recipe: Recipe, data_dir: Path | None) -> Splits:
         return load_mnist(data_dir)
     if data.dataset == "npz":
         return load_npz(data)
+    if data.dataset == "folder":
+        return load_folder(data)
     return load_synthetic(data)
 
 

@@ -1,8 +1,9 @@
 """What the training loop needs of data: two datasets, each with a length and batch indexing.
 
-Every source (MNIST, the user's npz arrays, synthetic data, a Python recipe's own objects)
-becomes a `Splits`; the loop shards indices and asks a dataset for `dataset[indices]`, so the
-equal-steps sharding and the exactly-once evaluation hold whatever the source.
+Every source (MNIST, the user's npz arrays, image folders, synthetic data, a Python recipe's
+own objects) becomes a `Splits`; the loop shards indices and asks a dataset for
+`dataset[indices]`, so the equal-steps sharding and the exactly-once evaluation hold whatever
+the source.
 """
 
 from __future__ import annotations

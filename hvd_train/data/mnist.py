@@ -328,11 +328,17 @@ def verified_idx(directory: Path, file: MnistFile) -> bytes:
     return _verified_bytes(path, file)
 
 
+def mnist_arrays(data_dir: Path | None) -> dict[str, np.ndarray]:
+    """MNIST's four arrays from `locate(data_dir)`, verified, as stored: uint8 images (N, 28,
+    28) and labels, by the keys of FILES."""
+    directory = locate(data_dir)
+    return {key: _parse_idx(verified_idx(directory, file), file) for key, file in FILES.items()}
+
+
 def load_mnist(data_dir: Path | None) -> Splits:
     """MNIST from `locate(data_dir)`, verified: float32 images (N, 28, 28, 1), normalised with
     the training set's mean and std, and int64 labels."""
-    directory = locate(data_dir)
-    arrays = {key: _parse_idx(verified_idx(directory, file), file) for key, file in FILES.items()}
+    arrays = mnist_arrays(data_dir)
 
     def normalise(images: np.ndarray) -> np.ndarray:
         return ((images.astype(np.float32) / 255.0 - MEAN) / STD)[..., np.newaxis]

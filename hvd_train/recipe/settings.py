@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from hvd_train.errors import UsageError
 from hvd_train.rules import Rule
 
-DATASETS = ("mnist", "npz", "synthetic")
+DATASETS = ("mnist", "npz", "folder", "synthetic")
 LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCALING = ("linear", "sqrt", "none")
@@ -55,7 +55,8 @@ class Settings:
 @dataclass(frozen=True)
 class Data(Settings):
     """Where the examples come from: `mnist`; `npz`, the user's arrays in a file (`path`,
-    relative to the recipe); or `synthetic`, generated on the fly."""
+    relative to the recipe); `folder`, images in one folder per class under `path`/train and
+    `path`/test (`resize`: to `input_shape`); or `synthetic`, generated on the fly."""
 
     section = "data"
     dataset: str = setting(kind=str, choices=DATASETS)
@@ -64,6 +65,7 @@ class Data(Settings):
     path: str | None = setting(None, kind=str)
     train_samples: int | None = setting(None, kind=int, positive=True)
     test_samples: int | None = setting(None, kind=int, positive=True)
+    resize: bool | None = setting(None, kind=bool)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,14 +82,17 @@ class Data(Settings):
             object.__setattr__(self, "input_shape", tuple(shape))
         getattr(self, f"_check_{self.dataset}")()
 
-    def _only_for(self, dataset: str, *keys: str) -> None:
+    def _only_for(self, datasets: str, *keys: str) -> None:
+        """Refuses `keys` given for another dataset than `datasets` ("npz" or "npz folder")."""
+        named = " or ".join(f"{name!r}" for name in datasets.split())
         for key in keys:
             if getattr(self, key) is not None:
-                raise self.fail(key, f"only used with dataset = {dataset!r}; remove it")
+                raise self.fail(key, f"only used with dataset = {named}; remove it")
 
     def _check_mnist(self) -> None:
-        self._only_for("npz", "path")
+        self._only_for("npz folder", "path")
         self._only_for("synthetic", "train_samples", "test_samples")
+        self._only_for("folder", "resize")
         fixed: dict[str, Any] = {"input_shape": MNIST_SHAPE, "num_classes": MNIST_CLASSES}
         for key, value in fixed.items():
             if getattr(self, key) not in (None, value):
@@ -98,12 +103,25 @@ class Data(Settings):
 
     def _check_npz(self) -> None:
         self._only_for("synthetic", "train_samples", "test_samples")
+        self._only_for("folder", "resize")
         for key in ("path", "input_shape", "num_classes"):
             if getattr(self, key) is None:
                 raise self.fail(key, "missing; npz data needs it (the file is checked against it)")
 
+    def _check_folder(self) -> None:
+        self._only_for("synthetic", "train_samples", "test_samples")
+        for key in ("path", "input_shape", "num_classes"):
+            if getattr(self, key) is None:
+                raise self.fail(key, "missing; folder data needs it (the images are checked "
+                                "against it)")  # fmt: skip
+        if self.input_shape[2] not in (1, 3):  # type: ignore[index]
+            raise self.fail("input_shape", "folder images have 1 channel (grey) or 3 (RGB)")
+        if self.resize is None:
+            object.__setattr__(self, "resize", False)
+
     def _check_synthetic(self) -> None:
-        self._only_for("npz", "path")
+        self._only_for("npz folder", "path")
+        self._only_for("folder", "resize")
         defaults = {"input_shape": MNIST_SHAPE, "num_classes": MNIST_CLASSES,
                     "train_samples": 60000, "test_samples": 10000}  # fmt: skip
         for key, default in defaults.items():

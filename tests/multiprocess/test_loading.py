@@ -1,14 +1,23 @@
-"""Data workers under the real `horovodrun -np 2`: batches read ahead by threads train exactly
-the weights that batches read in the step train, the summary splits out the wait for data
-(T_data), and a run whose steps wait for their data says so once, with the setting to change."""
+"""Data workers and sources on disk under the real `horovodrun -np 2`: batches read ahead by
+threads train exactly the weights that batches read in the step train, the summary splits out
+the wait for data (T_data), and a run whose steps wait for their data says so once, with the
+setting to change; a folder of PNG files trains exactly as its arrays in memory would, and a
+broken image stops the run with one line naming it."""
 
 import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tests.conftest import FRAMEWORKS
+from hvd_train.data import load_data
+from hvd_train.recipe import load_recipe
+from tests.conftest import FRAMEWORKS, REPO
 from tests.helpers import assert_same_weights, saved_weights
-from tests.multiprocess.conftest import HERE, horovodrun
+from tests.multiprocess.conftest import HERE, HOROVODRUN, horovodrun
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 RECIPE = str(HERE / "slow_source.py")
@@ -34,3 +43,68 @@ def test_workers_read_ahead_the_batches_the_step_would_read(framework, tmp_path)
     said = [line for line in runs[0][0].splitlines() if "waited for their batches" in line]
     assert len(said) == 1 and "with 0 data workers" in said[0] and "data.workers=N" in said[0]
     assert said[0].startswith("[0]<stderr>:") or said[0].startswith("[0]<stdout>:")
+
+
+@pytest.fixture(scope="module")
+def image_folder(mnist_dir, tmp_path_factory) -> Path:
+    """The first 300 images of each MNIST split as PNG files in class folders."""
+    out = tmp_path_factory.mktemp("mnist-png")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make-image-folder"), str(out),
+                    "--data-dir", str(mnist_dir), "--limit", "300"],
+                   check=True, capture_output=True)  # fmt: skip
+    return out
+
+
+def small_recipe(path: Path, data: str) -> str:
+    path.write_text(f"[data]\n{data}\ninput_shape = [28, 28, 1]\nnum_classes = 10\n" + SMALL)
+    return str(path)
+
+
+SMALL = """
+[model]
+layers = [{ type = "flatten" }, { type = "dense", units = 10 }, { type = "softmax" }]
+[optimizer]
+learning_rate = 0.01
+[schedule]
+epochs = 4
+batch_size = 16
+"""
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_folder_of_pngs_trains_as_the_same_arrays_in_memory_would(
+    framework, image_folder, tmp_path
+):
+    # The reference: the folder's own pixels and labels, in its order, as an npz in memory.
+    recipe = load_recipe(small_recipe(tmp_path / "f.toml", f'dataset = "folder"\npath = '
+                                      f'"{image_folder}"'))  # fmt: skip
+    splits = load_data(recipe, None)
+    arrays = {}
+    for split, dataset in (("train", splits.train), ("test", splits.test)):
+        arrays[f"x_{split}"], arrays[f"y_{split}"] = dataset[np.arange(len(dataset))]
+    np.savez(tmp_path / "same.npz", **arrays)
+    for name, data in (("folder", f'dataset = "folder"\npath = "{image_folder}"'),
+                       ("npz", f'dataset = "npz"\npath = "{tmp_path / "same.npz"}"')):  # fmt: skip
+        horovodrun("-m", "hvd_train", "--recipe", small_recipe(tmp_path / f"{name}.toml", data),
+                   "--framework", framework, "--output-dir", str(tmp_path / name))  # fmt: skip
+    summary = json.loads((tmp_path / "folder" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.6, summary
+    assert_same_weights(saved_weights(tmp_path / "folder", 4), saved_weights(tmp_path / "npz", 4))
+
+
+def test_a_broken_image_stops_the_run_naming_its_file(image_folder, tmp_path):
+    root = tmp_path / "images"
+    shutil.copytree(image_folder, root)
+    broken = sorted((root / "train" / "3").iterdir())[1]
+    broken.write_bytes(b"not a png")
+    recipe = small_recipe(tmp_path / "r.toml", f'dataset = "folder"\npath = "{root}"')
+    command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, "-m", "hvd_train",
+               "--recipe", recipe, "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    named = [line for line in output.splitlines() if f"error: {broken} (example " in line]
+    assert len(named) == 1 and "is not a readable image" in named[0], output
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any(
+        (tmp_path / "run" / "checkpoints").iterdir()
+    )

@@ -1,0 +1,107 @@
+"""Images in class folders, as ImageNet, torchvision's `ImageFolder` and Keras's
+`image_dataset_from_directory` lay them out: `path/train/<class>/*.png|jpg` and
+`path/test/<class>/*`. The classes sorted by name give the labels. Only the file names are held;
+each image is read and decoded (Pillow) when a batch asks for it, so memory does not grow with
+the number of images.
+
+Images become `input_shape` (height, width, channels): 1 channel is greyscale, 3 is RGB; with
+`resize = true` every image is resized to it, otherwise an image of another size is a mistake.
+Pixels are scaled to [0, 1]. A file that is not a readable image is named, with its example's
+index, when its batch is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hvd_train.data.base import Splits
+from hvd_train.errors import UsageError
+from hvd_train.recipe.settings import Data
+
+SUFFIXES = (".png", ".jpg", ".jpeg")
+MODES = {1: "L", 3: "RGB"}
+
+
+@dataclass(frozen=True)
+class ImageFolder:
+    """One split: its files (as bytes, to keep them compact) and their labels."""
+
+    files: np.ndarray  # dtype S: paths
+    labels: np.ndarray  # int64
+    shape: tuple[int, int, int]
+    resize: bool
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = np.stack([self.image(int(index)) for index in indices])
+        return x, self.labels[indices]
+
+    def image(self, index: int) -> np.ndarray:
+        from PIL import Image, UnidentifiedImageError
+
+        path = self.files[index].decode()
+        height, width, channels = self.shape
+        try:
+            with Image.open(path) as image:
+                picture = image.convert(MODES[channels])
+                if self.resize and picture.size != (width, height):
+                    picture = picture.resize((width, height), Image.Resampling.BILINEAR)
+        except (OSError, UnidentifiedImageError, SyntaxError) as error:
+            raise UsageError(
+                f"{path} (example {index}) is not a readable image ({error}); replace or "
+                "remove it, then continue with --resume"
+            ) from None
+        if picture.size != (width, height):
+            raise UsageError(
+                f"{path} (example {index}) is {picture.size[0]}x{picture.size[1]}, and "
+                f"data.input_shape asks for {width}x{height}; set data.resize = true to resize "
+                "every image, or give the images' size"
+            )
+        pixels = np.asarray(picture, dtype=np.float32) / 255.0
+        return pixels.reshape(self.shape)
+
+
+def load_folder(data: Data) -> Splits:
+    assert data.path is not None and data.input_shape is not None and data.num_classes
+    root = Path(data.path)
+    classes = _classes(root / "train")
+    if len(classes) != data.num_classes:
+        raise UsageError(
+            f"{root / 'train'} has {len(classes)} class folders, and data.num_classes is "
+            f"{data.num_classes}; make them agree"
+        )
+    return Splits(*(_split(root / name, classes, data) for name in ("train", "test")))
+
+
+def _classes(folder: Path) -> list[str]:
+    if not folder.is_dir():
+        raise UsageError(
+            f"data.path: {folder} is not a folder; give a folder holding train/ and test/, each "
+            "with one folder of images per class"
+        )
+    return sorted(entry.name for entry in folder.iterdir() if entry.is_dir())
+
+
+def _split(folder: Path, classes: list[str], data: Data) -> ImageFolder:
+    found = _classes(folder)
+    if found != classes:
+        missing = sorted(set(classes) - set(found)) or sorted(set(found) - set(classes))
+        raise UsageError(
+            f"{folder}'s class folders differ from train/'s (at {missing[0]!r}); give both "
+            "splits the same class folders"
+        )
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        images = sorted(p for p in (folder / name).iterdir() if p.suffix.lower() in SUFFIXES)
+        if not images:
+            raise UsageError(f"{folder / name} holds no .png or .jpg images; add some or remove it")
+        files += [str(p).encode() for p in images]
+        labels += [label] * len(images)
+    assert data.input_shape is not None
+    return ImageFolder(np.array(files), np.array(labels, dtype=np.int64), data.input_shape,
+                       bool(data.resize))  # fmt: skip
