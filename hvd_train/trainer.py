@@ -25,7 +25,7 @@ from tqdm import tqdm
 from hvd_train.adapters.base import Elastic, ElasticState, StepResult
 from hvd_train.checkpoint import Checkpoint
 from hvd_train.data import Splits
-from hvd_train.data.pipeline import Step, Taken, read_ahead, workers_for
+from hvd_train.data.pipeline import Step, Taken, augmentation, read_ahead, workers_for
 from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.errors import Stopped, UsageError
 from hvd_train.hooks import Hook
@@ -116,8 +116,9 @@ class Trainer:
         loading = self.recipe.loading
         self.workers = workers_for(loading.workers, self.data.train, adapter.threads_per_rank())
         total = 0.0
+        augment = augmentation(self.recipe.transforms().training, self.seed, epoch)
         with closing(read_ahead(self.data.train, shard[first_step:steps], self.workers,
-                                loading.prefetch)) as batches:  # fmt: skip
+                                loading.prefetch, augment)) as batches:  # fmt: skip
             for index in range(first_step, steps):
                 step = self.plan.global_step(Position(epoch, index))
                 result = self.run_step(batches, shard[index], step)

@@ -29,7 +29,7 @@ import numpy as np
 from hvd_train.adapters import Adapter
 from hvd_train.api import DEFAULT_RECIPE, resolve_recipe, with_overrides
 from hvd_train.data import Splits, load_data
-from hvd_train.data.pipeline import read_ahead, workers_for
+from hvd_train.data.pipeline import augmentation, read_ahead, workers_for
 from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Data, Recipe
@@ -68,7 +68,8 @@ def time_rank(
         parts `run` returns."""
         adapter.allreduce_sum(np.zeros(1))  # every rank starts the phase together
         started, parts = time.perf_counter(), np.zeros(4)
-        ahead = read_ahead(data.train, batches, workers, recipe.loading.prefetch)
+        augment = augmentation(recipe.transforms().training, 0, 0)
+        ahead = read_ahead(data.train, batches, workers, recipe.loading.prefetch, augment)
         with closing(ahead) as taken_steps:
             for index in range(len(batches)):
                 if index == warmup:

@@ -12,6 +12,7 @@ from hvd_train.data.folder import load_folder
 from hvd_train.data.mnist import load_mnist
 from hvd_train.data.npz import load_npz
 from hvd_train.data.synthetic import load_synthetic
+from hvd_train.data.transforms import Transformed
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.settings import Data
@@ -22,7 +23,17 @@ RETURNS = (
 
 
 def load_data(recipe: Recipe, data_dir: Path | None) -> Splits:
-    """The recipe's data; `data_dir` is where MNIST is read from (default: the cache)."""
+    """The recipe's data; `data_dir` is where MNIST is read from (default: the cache). The test
+    split takes the deterministic transforms (the training split takes them all as its batches
+    are read: `pipeline.read_ahead`)."""
+    splits = _source(recipe, data_dir)
+    evaluation = recipe.transforms().evaluation
+    if evaluation:
+        return Splits(splits.train, Transformed(splits.test, evaluation))
+    return splits
+
+
+def _source(recipe: Recipe, data_dir: Path | None) -> Splits:
     data = recipe.data
     if not isinstance(data, Data):
         return _from_python(data(), recipe)

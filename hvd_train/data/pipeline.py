@@ -10,13 +10,15 @@ and decoders that let go of Python's lock (NumPy's, Pillow's). Why Grain: docs/d
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import numpy as np
 
 from hvd_train.data.base import ArrayDataset, Dataset, take
+from hvd_train.data.transforms import Transform, apply
 
 Step = list[np.ndarray]  # a step's batches of indices, one per backward pass
 Taken = list[tuple[Any, Any]]  # the step's batches, taken
@@ -37,18 +39,22 @@ def _on_disk(array: Any) -> bool:
     return isinstance(array, np.memmap) or isinstance(getattr(array, "base", None), np.memmap)
 
 
+Augment = Callable[[Any, np.ndarray], Any]  # a batch's inputs and its examples -> inputs
+
+
 def read_ahead(
-    dataset: Dataset, steps: Sequence[Step], workers: int, prefetch: int
-) -> Generator[Taken, None, None]:
-    """The steps' batches, taken, in order: in the caller's thread when `workers` is 0, else
-    by `workers` threads up to `prefetch` steps ahead. Closing the generator (or reading it to
-    its end) stops the threads."""
+    dataset: Dataset, steps: Sequence[Step], workers: int, prefetch: int,
+    augment: Augment | None = None,
+) -> Generator[Taken, None, None]:  # fmt: skip
+    """The steps' batches, taken (and their inputs augmented), in order: in the caller's thread
+    when `workers` is 0, else by `workers` threads up to `prefetch` steps ahead. Closing the
+    generator (or reading it to its end) stops the threads."""
     if workers == 0:
         for step in steps:
-            yield take_step(dataset, step)
+            yield take_step(dataset, step, augment)
         return
     grain = _grain()
-    source = grain.MapDataset.source(steps).map(lambda step: take_step(dataset, step))
+    source = grain.MapDataset.source(steps).map(lambda step: take_step(dataset, step, augment))
     options = grain.ReadOptions(num_threads=workers, prefetch_buffer_size=prefetch)
     iterator = iter(source.to_iter_dataset(options))
     try:
@@ -57,8 +63,19 @@ def read_ahead(
         iterator.close()
 
 
-def take_step(dataset: Dataset, step: Step) -> Taken:
-    return [take(dataset, indices) for indices in step]
+def augmentation(training: Sequence[Transform], seed: int, epoch: int) -> Augment | None:
+    """The training transforms for epoch `epoch`, each example drawing from (seed, epoch, its
+    index); None without any."""
+    if not training:
+        return None
+    return functools.partial(apply, training, seed=seed, epoch=epoch)
+
+
+def take_step(dataset: Dataset, step: Step, augment: Augment | None = None) -> Taken:
+    taken = [take(dataset, indices) for indices in step]
+    if augment is None:
+        return taken
+    return [(augment(x, indices), y) for (x, y), indices in zip(taken, step, strict=True)]
 
 
 def _grain() -> Any:

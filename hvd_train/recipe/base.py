@@ -52,6 +52,9 @@ class Recipe:
     arrays, recorded by their names. Default: accuracy with cross_entropy, else none.
     `loading`: how the training batches are read (`Loading(workers=4)`), for either kind of
     `data`; in TOML and `--set`, its keys sit in `[data]`.
+    `transform`: `(x, rng) -> x`, one training example's input (height, width, channels) and
+    a NumPy Generator seeded from (seed, epoch, example); it runs in the data workers. With
+    `Data(...)`, its `transforms` list does the same from settings.
     """
 
     data: Data | Callable[[], Any]
@@ -64,12 +67,15 @@ class Recipe:
     schedule: Schedule = field(default_factory=Schedule)
     horovod: Horovod = field(default_factory=Horovod)
     loading: Loading = field(default_factory=Loading)
+    transform: Callable[[Any, Any], Any] | None = None
     description: str = ""
     name: str = "recipe"  # set by the loader: the file's or object's name
     source: str = ""  # set by the loader: where the recipe came from
     code_hash: str = ""  # set by the loader of a Python recipe: its code's hash
 
     def __post_init__(self) -> None:
+        if self.transform is not None and not callable(self.transform):
+            raise UsageError("transform: expected a function (x, rng) -> x")
         if not isinstance(self.data, Data) and not callable(self.data):
             raise UsageError(
                 "data: expected Data(...) or a function returning "
@@ -98,6 +104,15 @@ class Recipe:
             assert self.data.input_shape is not None and self.data.num_classes is not None
             layers = checked_layers(self.layers, self.data.input_shape, self.data.num_classes)
             object.__setattr__(self, "layers", layers)
+
+    def transforms(self) -> Any:
+        """The training transforms and evaluation's (hvd_train.data.transforms.Transforms)."""
+        from hvd_train.data.transforms import Transforms, parse_transforms
+
+        if self.transform is not None:
+            return Transforms((self.transform,), ())
+        entries = self.data.transforms if isinstance(self.data, Data) else None
+        return parse_transforms(entries or ())
 
     def _checked_metrics(self) -> tuple[str | Metric, ...] | None:
         if self.metrics is None:

@@ -66,9 +66,17 @@ class Data(Settings):
     train_samples: int | None = setting(None, kind=int, positive=True)
     test_samples: int | None = setting(None, kind=int, positive=True)
     resize: bool | None = setting(None, kind=bool)
+    transforms: tuple[Any, ...] | None = None  # tables: hvd_train/data/transforms.py
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.transforms is not None:
+            from hvd_train.data.transforms import parse_transforms
+
+            if not isinstance(self.transforms, list | tuple):
+                raise self.fail("transforms", "expected a list of tables, like [{ type = ... }]")
+            object.__setattr__(self, "transforms", tuple(self.transforms))
+            parse_transforms(self.transforms)
         if self.input_shape is not None:
             shape = self.input_shape
             if not (

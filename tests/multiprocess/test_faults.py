@@ -18,11 +18,15 @@ from tests.multiprocess.conftest import HOROVODRUN, horovodrun, kill_job, start,
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 STEPS = 40  # per epoch; two epochs, a checkpoint every 5 steps
 EXAMPLES = REPO / "recipes" / "examples"
-# The neutral recipe under both frameworks, and Python recipes: a torch module, and a Keras
-# model (with batchnorm and dropout) under each framework.
+# The neutral recipe under both frameworks (and with its batches read ahead by workers and
+# augmented), and Python recipes: a torch module, and a Keras model (with batchnorm and
+# dropout) under each framework.
 RESUMABLE = [
     pytest.param("mnist_cnn", "torch", marks=pytest.mark.torch),
     pytest.param("mnist_cnn", "tensorflow", marks=pytest.mark.tensorflow),
+    pytest.param(
+        str(Path(__file__).parent / "mnist_augmented.toml"), "torch", marks=pytest.mark.torch
+    ),
     pytest.param(str(EXAMPLES / "mnist_resnet_torch.py"), "torch", marks=pytest.mark.torch),
     pytest.param(str(EXAMPLES / "mnist_resnet_keras.py"), "torch", marks=pytest.mark.torch),
     pytest.param(
