@@ -109,3 +109,11 @@ def test_a_python_recipes_transform_trains_and_evaluation_leaves_it_out():
 def test_a_mistake_in_the_list_is_one_line_naming_the_entry(entry, message):
     with pytest.raises(UsageError, match="^" + message):
         Data("synthetic", transforms=[entry])
+
+
+def test_resize_gives_every_channel_the_new_size():
+    resize = parse_transforms([{"type": "resize", "height": 3, "width": 4}]).evaluation[0]
+    x = np.stack([np.full((6, 5), 0.25, np.float32), np.full((6, 5), 0.75, np.float32)], -1)
+    y = resize(x, None)
+    assert y.shape == (3, 4, 2)
+    np.testing.assert_allclose(y, np.stack([np.full((3, 4), 0.25), np.full((3, 4), 0.75)], -1))
