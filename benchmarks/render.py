@@ -188,9 +188,35 @@ def test_times() -> str:
     slowest = sum(entry["seconds"] for entry in test["slowest"])
     return "\n".join([
         f"`make test`, {when(figures)} (`docs/results/test-times.json`): {passed(test)} tests in "
-        f"{minutes(test['seconds'])} of pytest; its 25 slowest tests took "
-        f"{minutes(slowest)} of them, the 12 slowest:", "",
+        f"{minutes(test['seconds'])} of pytest (pytest-xdist: the one-process tests beside the "
+        f"multi-process ones); its 25 slowest tests took {minutes(slowest)} together, the 12 "
+        "slowest:", "",
         table(["test", "seconds"], rows), "",
+    ])  # fmt: skip
+
+
+def data() -> str:
+    """docs/data.md's tables: a slow source with and without the workers; PNG files."""
+    figures = results("data")
+    waiting = [[row["framework"], *(f"{row[name]['images_per_second']:.0f} "
+                                    f"({row[name]['t_data_ms']:.1f} ms)" for name in
+                                    ("in memory", "waiting, read in the step",
+                                     "waiting, workers auto")),
+                f"{row['hidden']:.2f}"] for row in figures["rows"]]  # fmt: skip
+    decoding = [[row["framework"], *(f"{row[name]['images_per_second']:.0f}, "
+                                     f"{100 * row[name]['test_accuracy']:.2f}%"
+                                     for name in ("in memory", "png files")),
+                 f"{row['over_memory']:.2f}"] for row in figures["decoding"]]  # fmt: skip
+    return "\n".join([
+        f"`python -m benchmarks.data`, mnist_cnn at np=2, best of {figures['repeats']} "
+        f"({when(figures)}; `docs/results/data.json`). One epoch of {figures['examples']:,} "
+        f"examples, images/s (T_data), in memory and behind a source whose every read waits "
+        f"{figures['wait_ms']:g} ms:", "",
+        table(["framework", "in memory", "waiting, read in the step", "waiting, workers auto",
+               "auto over memory"], waiting), "",
+        "The whole recipe (2 epochs) from MNIST's 70,000 PNG files (decoded by the workers) and "
+        "from MNIST in memory, images/s and test accuracy:", "",
+        table(["framework", "in memory", "PNG files", "PNG over memory"], decoding), "",
     ])  # fmt: skip
 
 
@@ -209,6 +235,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "systems-mnist": systems_mnist,
     "test-times-summary": test_times_summary,
     "test-times": test_times,
+    "data": data,
 }
 
 
