@@ -1,6 +1,7 @@
 """`dataset = "folder"`: images in class folders, read when a batch asks, as scripts/
 make-image-folder writes MNIST; every mistake in the folders is one line naming the file."""
 
+import shutil
 import subprocess
 import sys
 
@@ -51,15 +52,8 @@ def test_resize_makes_every_image_the_input_shape(mnist_folder):
 
 
 def copy_of(mnist_folder, tmp_path):
-    import shutil
-
     shutil.copytree(mnist_folder, tmp_path / "images")
     return tmp_path / "images"
-
-
-def broken_file(root):
-    first = sorted((root / "train" / "0").iterdir())[0]
-    return first
 
 
 @pytest.mark.parametrize(
@@ -75,7 +69,7 @@ def test_a_bad_image_is_named_with_its_example_when_its_batch_is_read(
     damage, message, mnist_folder, tmp_path
 ):
     root = copy_of(mnist_folder, tmp_path)
-    bad = broken_file(root)
+    bad = sorted((root / "train" / "0").iterdir())[0]
     damage(bad)
     splits = load_data(folder(root), None)  # the files are only listed here
     take(splits.train, np.arange(1, LIMIT))
