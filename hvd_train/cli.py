@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import sys
+import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -354,6 +355,9 @@ def run_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+# Seconds a rank that lost contact with a peer waits before it exits; see main().
+LOST_PEER_GRACE_S = 10
+
 COMMANDS = {
     "train": run_train,
     "launch": run_launch,
@@ -402,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{str(error).splitlines()[0]}",
             file=sys.stderr,
         )
+        # horovodrun ends the job with the exit code of the first process to exit. The rank that
+        # failed is often still shutting down, so this one leaves it the time to exit first
+        # (horovodrun stops this one then); otherwise a bad image's exit 2 would read as 1.
+        time.sleep(LOST_PEER_GRACE_S)
         return 1
 
 
