@@ -11,6 +11,7 @@ from hvd_train.data.base import ArrayDataset, Dataset, Splits, take
 from hvd_train.data.folder import load_folder
 from hvd_train.data.mnist import load_mnist
 from hvd_train.data.npz import load_npz
+from hvd_train.data.parquet import load_parquet
 from hvd_train.data.synthetic import load_synthetic
 from hvd_train.data.transforms import Transformed
 from hvd_train.errors import UsageError
@@ -43,6 +44,8 @@ def _source(recipe: Recipe, data_dir: Path | None) -> Splits:
         return load_npz(data)
     if data.dataset == "folder":
         return load_folder(data)
+    if data.dataset == "parquet":
+        return load_parquet(data)
     return load_synthetic(data)
 
 

@@ -8,7 +8,9 @@ the source.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -66,3 +68,11 @@ def _as_label_dtype(labels: Any) -> np.ndarray:
     labels = np.asarray(labels)
     dtype = np.int64 if labels.dtype.kind in "iu" else np.float32
     return labels.astype(dtype, copy=False)
+
+
+def cache_root() -> Path:
+    """Where hvd_train keeps what it fetches or converts: $HVD_TRAIN_CACHE, else
+    $XDG_CACHE_HOME/hvd_train, else ~/.cache/hvd_train."""
+    root = os.environ.get("HVD_TRAIN_CACHE")
+    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache",
+                                        "hvd_train")  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -42,28 +43,37 @@ class ImageFolder:
         return x, self.labels[indices]
 
     def image(self, index: int) -> np.ndarray:
-        from PIL import Image, UnidentifiedImageError
-
         path = self.files[index].decode()
-        height, width, channels = self.shape
-        try:
-            with Image.open(path) as image:
-                picture = image.convert(MODES[channels])
-                if self.resize and picture.size != (width, height):
-                    picture = picture.resize((width, height), Image.Resampling.BILINEAR)
-        except (OSError, UnidentifiedImageError, SyntaxError) as error:
-            raise UsageError(
-                f"{path} (example {index}) is not a readable image ({error}); replace or "
-                "remove it, then continue with --resume"
-            ) from None
-        if picture.size != (width, height):
-            raise UsageError(
-                f"{path} (example {index}) is {picture.size[0]}x{picture.size[1]}, and "
-                f"data.input_shape asks for {width}x{height}; set data.resize = true to resize "
-                "every image, or give the images' size"
-            )
-        pixels = np.asarray(picture, dtype=np.float32) / 255.0
-        return pixels.reshape(self.shape)
+        return decode_image(path, f"{path} (example {index})", self.shape, self.resize,
+                            "replace or remove it")  # fmt: skip
+
+
+def decode_image(
+    source: str | BinaryIO, where: str, shape: tuple[int, int, int], resize: bool, fix: str
+) -> np.ndarray:
+    """The image in `source` (a file's path, or its bytes opened), decoded by Pillow to `shape`
+    (height, width, channels) with pixels in [0, 1]; resized to it where `resize` is set. A
+    mistake names `where` (the file, and the example's index) and how to `fix` it."""
+    from PIL import Image, UnidentifiedImageError
+
+    height, width, channels = shape
+    try:
+        with Image.open(source) as image:
+            picture = image.convert(MODES[channels])
+            if resize and picture.size != (width, height):
+                picture = picture.resize((width, height), Image.Resampling.BILINEAR)
+    except (OSError, UnidentifiedImageError, SyntaxError) as error:
+        raise UsageError(
+            f"{where} is not a readable image ({error}); {fix}, then continue with --resume"
+        ) from None
+    if picture.size != (width, height):
+        raise UsageError(
+            f"{where} is {picture.size[0]}x{picture.size[1]}, and data.input_shape asks for "
+            f"{width}x{height}; set data.resize = true to resize every image, or give the "
+            "images' size"
+        )
+    pixels = np.asarray(picture, dtype=np.float32) / 255.0
+    return pixels.reshape(shape)
 
 
 def load_folder(data: Data) -> Splits:

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.data.base import ArrayDataset, Splits
+from hvd_train.data.base import ArrayDataset, Splits, cache_root
 from hvd_train.errors import UsageError
 
 
@@ -91,10 +91,7 @@ FETCH_TIMEOUT = 900.0
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("HVD_TRAIN_CACHE") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "hvd_train"
-    )
-    return Path(root, "mnist")
+    return cache_root() / "mnist"
 
 
 def _present(directory: Path, file: MnistFile) -> Path | None:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from hvd_train.errors import UsageError
 from hvd_train.rules import Rule
 
-DATASETS = ("mnist", "npz", "folder", "synthetic")
+DATASETS = ("mnist", "npz", "folder", "parquet", "synthetic")
 LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCALING = ("linear", "sqrt", "none")
@@ -56,7 +56,9 @@ class Settings:
 class Data(Settings):
     """Where the examples come from: `mnist`; `npz`, the user's arrays in a file (`path`,
     relative to the recipe); `folder`, images in one folder per class under `path`/train and
-    `path`/test (`resize`: to `input_shape`); or `synthetic`, generated on the fly."""
+    `path`/test (`resize`: to `input_shape`); `parquet`, tables of the `input` and `label`
+    columns in the `train*.parquet` and `test*.parquet` files of `path`; or `synthetic`,
+    generated on the fly."""
 
     section = "data"
     dataset: str = setting(kind=str, choices=DATASETS)
@@ -66,6 +68,8 @@ class Data(Settings):
     train_samples: int | None = setting(None, kind=int, positive=True)
     test_samples: int | None = setting(None, kind=int, positive=True)
     resize: bool | None = setting(None, kind=bool)
+    input: str | None = setting(None, kind=str)  # parquet: the column of images
+    label: str | None = setting(None, kind=str)  # parquet: the column of class labels
     transforms: tuple[Any, ...] | None = None  # tables: hvd_train/data/transforms.py
 
     def __post_init__(self) -> None:
@@ -88,19 +92,22 @@ class Data(Settings):
                     "input_shape", "expected [height, width, channels], three positive integers"
                 )
             object.__setattr__(self, "input_shape", tuple(shape))
+        if self.dataset != "parquet":
+            self._only_for("parquet", "input", "label")
         getattr(self, f"_check_{self.dataset}")()
 
     def _only_for(self, datasets: str, *keys: str) -> None:
         """Refuses `keys` given for another dataset than `datasets` ("npz" or "npz folder")."""
-        named = " or ".join(f"{name!r}" for name in datasets.split())
+        *others, last = (repr(name) for name in datasets.split())
+        named = f"{', '.join(others)} or {last}" if others else last
         for key in keys:
             if getattr(self, key) is not None:
                 raise self.fail(key, f"only used with dataset = {named}; remove it")
 
     def _check_mnist(self) -> None:
-        self._only_for("npz folder", "path")
+        self._only_for("npz folder parquet", "path")
         self._only_for("synthetic", "train_samples", "test_samples")
-        self._only_for("folder", "resize")
+        self._only_for("folder parquet", "resize")
         fixed: dict[str, Any] = {"input_shape": MNIST_SHAPE, "num_classes": MNIST_CLASSES}
         for key, value in fixed.items():
             if getattr(self, key) not in (None, value):
@@ -111,25 +118,37 @@ class Data(Settings):
 
     def _check_npz(self) -> None:
         self._only_for("synthetic", "train_samples", "test_samples")
-        self._only_for("folder", "resize")
+        self._only_for("folder parquet", "resize")
         for key in ("path", "input_shape", "num_classes"):
             if getattr(self, key) is None:
                 raise self.fail(key, "missing; npz data needs it (the file is checked against it)")
 
     def _check_folder(self) -> None:
         self._only_for("synthetic", "train_samples", "test_samples")
+        self._check_images()
+
+    def _check_parquet(self) -> None:
+        self._only_for("synthetic", "train_samples", "test_samples")
+        self._check_images()
+        for key, default in (("input", "image"), ("label", "label")):  # Hugging Face's names
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, default)
+
+    def _check_images(self) -> None:
+        """What folder and parquet data need: the images' shape and classes are given."""
         for key in ("path", "input_shape", "num_classes"):
             if getattr(self, key) is None:
-                raise self.fail(key, "missing; folder data needs it (the images are checked "
-                                "against it)")  # fmt: skip
+                raise self.fail(key, f"missing; {self.dataset} data needs it (the images are "
+                                "checked against it)")  # fmt: skip
         if self.input_shape[2] not in (1, 3):  # type: ignore[index]
-            raise self.fail("input_shape", "folder images have 1 channel (grey) or 3 (RGB)")
+            raise self.fail("input_shape", f"{self.dataset} images have 1 channel (grey) or 3 "
+                            "(RGB)")  # fmt: skip
         if self.resize is None:
             object.__setattr__(self, "resize", False)
 
     def _check_synthetic(self) -> None:
-        self._only_for("npz folder", "path")
-        self._only_for("folder", "resize")
+        self._only_for("npz folder parquet", "path")
+        self._only_for("folder parquet", "resize")
         defaults = {"input_shape": MNIST_SHAPE, "num_classes": MNIST_CLASSES,
                     "train_samples": 60000, "test_samples": 10000}  # fmt: skip
         for key, default in defaults.items():

@@ -98,7 +98,11 @@ def test_folder_settings_are_checked_like_any_other():
         Data("folder", path="x", num_classes=10)
     with pytest.raises(UsageError, match=r"^data.input_shape: folder images have 1 channel"):
         Data("folder", path="x", num_classes=10, input_shape=(8, 8, 2))
-    with pytest.raises(UsageError, match=r"^data.resize: only used with dataset = 'folder'"):
+    with pytest.raises(
+        UsageError, match=r"^data.resize: only used with dataset = 'folder' or 'parquet'"
+    ):
         Data("mnist", resize=True)
-    with pytest.raises(UsageError, match=r"^data.path: only used with dataset = 'npz' or 'folder'"):
+    with pytest.raises(
+        UsageError, match=r"^data.path: only used with dataset = 'npz', 'folder' or 'parquet'"
+    ):
         Data("mnist", path="x")

@@ -1,8 +1,8 @@
 """Data workers and sources on disk under the real `horovodrun -np 2`: batches read ahead by
 threads train exactly the weights that batches read in the step train, the summary splits out
 the wait for data (T_data), and a run whose steps wait for their data says so once, with the
-setting to change; a folder of PNG files trains exactly as its arrays in memory would, and a
-broken image stops the run with one line naming it."""
+setting to change; a folder of PNG files and a Parquet table of them train exactly as their
+arrays in memory would, and a broken image stops the run with one line naming it."""
 
 import json
 import shutil
@@ -71,25 +71,38 @@ batch_size = 16
 """
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_a_folder_of_pngs_trains_as_the_same_arrays_in_memory_would(
-    framework, image_folder, tmp_path
+@pytest.fixture(scope="module")
+def parquet_tables(mnist_dir, tmp_path_factory) -> Path:
+    """The first 300 images of each MNIST split as Parquet tables of PNG files."""
+    out = tmp_path_factory.mktemp("mnist-parquet")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make-parquet"), str(out),
+                    "--data-dir", str(mnist_dir), "--limit", "300"],
+                   check=True, capture_output=True)  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize(
+    ("source", "framework"), [("folder", "torch"), ("folder", "tensorflow"), ("parquet", "torch")]
+)
+def test_images_on_disk_train_as_the_same_arrays_in_memory_would(
+    source, framework, request, tmp_path, monkeypatch
 ):
-    # The reference: the folder's own pixels and labels, in its order, as an npz in memory.
-    recipe = load_recipe(small_recipe(tmp_path / "f.toml", f'dataset = "folder"\npath = '
-                                      f'"{image_folder}"'))  # fmt: skip
-    splits = load_data(recipe, None)
+    monkeypatch.setenv("HVD_TRAIN_CACHE", str(tmp_path / "cache"))
+    # The reference: the source's own pixels and labels, in its order, as an npz in memory.
+    root = request.getfixturevalue({"folder": "image_folder", "parquet": "parquet_tables"}[source])
+    on_disk = f'dataset = "{source}"\npath = "{root}"'
+    splits = load_data(load_recipe(small_recipe(tmp_path / "disk.toml", on_disk)), None)
     arrays = {}
     for split, dataset in (("train", splits.train), ("test", splits.test)):
         arrays[f"x_{split}"], arrays[f"y_{split}"] = dataset[np.arange(len(dataset))]
     np.savez(tmp_path / "same.npz", **arrays)
-    for name, data in (("folder", f'dataset = "folder"\npath = "{image_folder}"'),
+    for name, data in ((source, on_disk),
                        ("npz", f'dataset = "npz"\npath = "{tmp_path / "same.npz"}"')):  # fmt: skip
         horovodrun("-m", "hvd_train", "--recipe", small_recipe(tmp_path / f"{name}.toml", data),
                    "--framework", framework, "--output-dir", str(tmp_path / name))  # fmt: skip
-    summary = json.loads((tmp_path / "folder" / "summary.json").read_text())
+    summary = json.loads((tmp_path / source / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["test_accuracy"] >= 0.6, summary
-    assert_same_weights(saved_weights(tmp_path / "folder", 4), saved_weights(tmp_path / "npz", 4))
+    assert_same_weights(saved_weights(tmp_path / source, 4), saved_weights(tmp_path / "npz", 4))
 
 
 def test_a_broken_image_stops_the_run_naming_its_file(image_folder, tmp_path):
