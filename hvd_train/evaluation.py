@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from hvd_train.adapters import Adapter
-from hvd_train.data import ArrayDataset, Dataset, take
+from hvd_train.data import ArrayDataset, Dataset, batch_size, take
 from hvd_train.data.sharding import eval_indices
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
@@ -26,7 +26,7 @@ def evaluate(adapter: Adapter, test: Dataset, metrics: dict[str, Metric]) -> dic
     for first in range(0, len(mine), EVAL_BATCH_SIZE):
         x, y = take(test, mine[first : first + EVAL_BATCH_SIZE])
         loss, outputs = adapter.eval_batch(x, y)
-        sums += [loss, len(x), *(part for metric in metrics.items()
+        sums += [loss, batch_size(x), *(part for metric in metrics.items()
                                  for part in _summed(*metric, outputs, y))]  # fmt: skip
     totals = adapter.allreduce_sum(sums)
     figures = totals[0::2] / np.maximum(totals[1::2], 1)

@@ -31,6 +31,7 @@ from hvd_train.adapters.base import (
     buckets,
 )
 from hvd_train.builders import keras_models
+from hvd_train.data.base import MASK, batch_size
 from hvd_train.errors import UsageError
 from hvd_train.recipe.settings import Horovod, Optimizer
 
@@ -57,10 +58,14 @@ class Compiled:
 
     def __call__(self, *arguments: Any) -> Any:
         if not self.traced:
-            batch = arguments[: self.batch_arguments]  # arrays, or tuples of them (labels)
-            specs = tf.nest.map_structure(
-                lambda a: tf.TensorSpec([None, *np.shape(a)[1:]], tf.as_dtype(a.dtype)), batch
-            )
+            batch = arguments[: self.batch_arguments]  # arrays, dicts, tuples (labels)
+            specs = tf.nest.map_structure(_open_batch, batch)
+            for part, spec in zip(batch, specs, strict=True):
+                if isinstance(part, dict):  # sequences and their masks: any length too
+                    for name in [name for name in part if MASK.format(name) in part]:
+                        for key in (name, MASK.format(name)):
+                            shape = [None, None, *np.shape(part[key])[2:]]
+                            spec[key] = tf.TensorSpec(shape, tf.as_dtype(part[key].dtype))
             try:
                 self.graph.get_concrete_function(*specs, *arguments[self.batch_arguments :])
             except tf.errors.OperatorNotAllowedInGraphError as error:
@@ -71,6 +76,11 @@ class Compiled:
                 ) from error
             self.traced = True
         return self.graph(*arguments)
+
+
+def _open_batch(array: np.ndarray) -> tf.TensorSpec:
+    """`array`'s spec, with any batch size."""
+    return tf.TensorSpec([None, *np.shape(array)[1:]], tf.as_dtype(array.dtype))
 
 
 def _optimizer(config: Optimizer) -> keras.optimizers.Optimizer:
@@ -186,7 +196,10 @@ class TensorFlowAdapter(Adapter):
         with tf.GradientTape() as tape:
             loss = self.loss(tf.cast(self.model(x, training=True), tf.float32), y)
             scaled = self.optimizer.scale_loss(loss)  # fp16-mixed: by the loss scale
-        return tape.gradient(scaled, self.model.trainable_variables), loss
+        gradients = tape.gradient(scaled, self.model.trainable_variables)
+        # An embedding's gradient comes as IndexedSlices. Made dense, as torch's are (Horovod's
+        # sparse_as_dense), it adds up over passes and travels in the grouped allreduce.
+        return [tf.convert_to_tensor(g) for g in gradients], loss
 
     def _accumulate(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> None:
         """One of several backward passes of a step: its gradients and loss, kept locally."""
@@ -283,13 +296,13 @@ class TensorFlowAdapter(Adapter):
                              autograph=False)  # fmt: skip
         return lambda: reduce(tensors)
 
-    def logits(self, x: np.ndarray) -> np.ndarray:
+    def logits(self, x: Any) -> np.ndarray:
         return tf.cast(self._compiled_logits(x), tf.float32).numpy()
 
-    def eval_batch(self, x: np.ndarray, y: Any) -> tuple[float, np.ndarray]:
+    def eval_batch(self, x: Any, y: Any) -> tuple[float, np.ndarray]:
         outputs = tf.cast(self._compiled_logits(x), tf.float32)
         labels = tf.nest.map_structure(tf.constant, y)
-        return float(self.loss(outputs, labels)) * len(x), outputs.numpy()
+        return float(self.loss(outputs, labels)) * batch_size(x), outputs.numpy()
 
     def export(self, path: Path, format: str, example: np.ndarray) -> Exported:
         expected = self.logits(example)

@@ -42,8 +42,11 @@ from hvd_train.adapters.base import (
     buckets,
 )
 from hvd_train.builders import keras_models
+from hvd_train.data.base import batch_size
 from hvd_train.errors import UsageError
 from hvd_train.recipe.settings import Horovod, Optimizer
+
+Inputs = torch.Tensor | dict[str, torch.Tensor]  # named inputs: a dict
 
 
 def seed_dropout(seed: int) -> None:
@@ -75,10 +78,15 @@ class TorchModule:
             return MixedServed(self.module, channels_first=True, autocast=self.autocast)
         return Served(self.module, channels_first=True)
 
-    def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
+    def forward(self, x: Inputs, training: bool) -> torch.Tensor:
+        """The module's outputs on `x`: a tensor, or named inputs as keyword arguments."""
         self.module.train(training)
-        with torch.autocast(x.device.type, self.autocast, enabled=self.autocast is not None):
-            output: torch.Tensor = self.module(x.permute(0, 3, 1, 2) if x.dim() == 4 else x)
+        device = next(iter(x.values())) if isinstance(x, dict) else x
+        with torch.autocast(device.device.type, self.autocast, enabled=self.autocast is not None):
+            if isinstance(x, dict):
+                output: torch.Tensor = self.module(**x)
+            else:
+                output = self.module(x.permute(0, 3, 1, 2) if x.dim() == 4 else x)
         return output.float()
 
     def reseed(self, seed: int) -> None:
@@ -142,8 +150,8 @@ class KerasOnTorch:
     def served(self, mixed: bool) -> Served:
         return Served(self.module, channels_first=False)  # mixed or not: Keras's own policy
 
-    def forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
-        output: torch.Tensor = self.module(x, training=training)
+    def forward(self, x: Inputs, training: bool) -> torch.Tensor:
+        output: torch.Tensor = self.module(x, training=training)  # named inputs: a dict
         return output.float()  # mixed precision: Keras's policy, set as the model was built
 
     def reseed(self, seed: int) -> None:
@@ -340,10 +348,15 @@ class TorchAdapter(Adapter):
     def sync_buffers(self) -> None:
         hvd.broadcast_parameters(self.net.buffers(), root_rank=0)
 
-    def _tensors(self, x: np.ndarray, y: Any) -> tuple[torch.Tensor, Any]:
-        """A batch on the device; several targets stay a tuple."""
+    def _tensors(self, x: Any, y: Any) -> tuple[Inputs, Any]:
+        """A batch on the device; named inputs stay a dict, several targets a tuple."""
         labels = tuple(map(self._tensor, y)) if isinstance(y, tuple) else self._tensor(y)
-        return self._tensor(x), labels
+        return self._inputs(x), labels
+
+    def _inputs(self, x: Any) -> Inputs:
+        if isinstance(x, dict):
+            return {name: self._tensor(value) for name, value in x.items()}
+        return self._tensor(x)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)
@@ -415,15 +428,14 @@ class TorchAdapter(Adapter):
         return lambda: hvd.grouped_allreduce(tensors, op=hvd.Average, name="hvd_train.bench")
 
     @torch.no_grad()
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        inputs = self._tensor(x)
-        return self.net.forward(inputs, training=False).cpu().numpy()
+    def logits(self, x: Any) -> np.ndarray:
+        return self.net.forward(self._inputs(x), training=False).cpu().numpy()
 
     @torch.no_grad()
-    def eval_batch(self, x: np.ndarray, y: Any) -> tuple[float, np.ndarray]:
+    def eval_batch(self, x: Any, y: Any) -> tuple[float, np.ndarray]:
         inputs, labels = self._tensors(x, y)
         outputs = self.net.forward(inputs, training=False)
-        return float(self.loss(outputs, labels)) * len(x), outputs.cpu().numpy()
+        return float(self.loss(outputs, labels)) * batch_size(x), outputs.cpu().numpy()
 
     def export(self, path: Path, format: str, example: np.ndarray) -> Exported:
         inputs = (self._tensor(example),)

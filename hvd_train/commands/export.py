@@ -46,6 +46,12 @@ def export_checkpoint(
     run = open_run(adapter, recipe, seed=0)
     run.load_weights(checkpoint, "export it with the recipe that wrote it")
     x, _ = take(load_data(recipe, data_dir).test, np.arange(EXAMPLES))
+    if isinstance(x, dict):
+        raise UsageError(
+            f"the model of recipe {recipe.name!r} takes named inputs ({', '.join(x)}), and "
+            "export takes models of one input array; load the checkpoint's model.safetensors "
+            "into your model to serve it"
+        )
     target = output or default_output(checkpoint.path, suffix)
     written, expected, outputs = adapter.export(target, format, x)
     difference = None if outputs is None else float(np.abs(outputs - expected).max())

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.data.base import ArrayDataset, Dataset, Splits, take
+from hvd_train.data.base import MASK, ArrayDataset, Dataset, Splits, batch_size, take
 from hvd_train.data.folder import load_folder
 from hvd_train.data.mnist import load_mnist
 from hvd_train.data.npz import load_npz
@@ -62,12 +62,14 @@ def _from_python(returned: Any, recipe: Recipe) -> Splits:
 
 
 def _dataset(part: Any, what: str, loss: Any) -> Dataset:
-    if isinstance(part, tuple | list) and len(part) == 2 and hasattr(part[0], "__array__"):
-        x, y = np.asarray(part[0]), part[1]
+    if (
+        isinstance(part, tuple | list)
+        and len(part) == 2
+        and (hasattr(part[0], "__array__") or isinstance(part[0], dict))
+    ):
+        y = part[1]
         y = tuple(map(np.asarray, y)) if isinstance(y, tuple | list) else np.asarray(y)
-        if x.dtype.kind in "fc" and not np.isfinite(x).all():
-            raise UsageError(f"{what} inputs hold NaN or infinite values")
-        dataset: Dataset = ArrayDataset(x, y)
+        dataset: Dataset = ArrayDataset(_inputs(part[0], what), y)
     elif hasattr(part, "__len__") and hasattr(part, "__getitem__"):
         dataset = part
     else:
@@ -79,6 +81,36 @@ def _dataset(part: Any, what: str, loss: Any) -> Dataset:
     else:  # the user's own dataset: a sample of its labels
         check_labels(dataset[np.arange(min(2, len(dataset)))][1], None, what, loss)
     return dataset
+
+
+def _inputs(x: Any, what: str) -> Any:
+    """Inputs held in memory: an array, or a dict of named arrays and sequence inputs (lists
+    of arrays of different lengths), all of one length and finite."""
+    if not isinstance(x, dict):
+        return _finite(np.asarray(x), f"{what} inputs")
+    if not x or not all(isinstance(name, str) for name in x):
+        raise UsageError(f"{what} inputs are a dict; give it one entry or more, named by strings")
+    inputs: dict[str, Any] = {}
+    for name, value in x.items():
+        if MASK.format(name) in x:
+            raise UsageError(f"{what} inputs have both {name!r} and {MASK.format(name)!r}, the "
+                             "name a sequence input's mask takes; rename the second")  # fmt: skip
+        if isinstance(value, list | tuple):
+            inputs[name] = [_finite(np.asarray(s), f"{what} input {name!r}") for s in value]
+        else:
+            inputs[name] = _finite(np.asarray(value), f"{what} input {name!r}")
+    counts = {name: len(value) for name, value in inputs.items()}
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{name!r} {count}" for name, count in counts.items())
+        raise UsageError(f"{what} inputs have different numbers of examples ({shown}); give "
+                         "each input one entry per example")  # fmt: skip
+    return inputs
+
+
+def _finite(array: np.ndarray, what: str) -> np.ndarray:
+    if array.dtype.kind in "fc" and not np.isfinite(array).all():
+        raise UsageError(f"{what} hold NaN or infinite values")
+    return array
 
 
 def check_labels(labels: Any, count: int | None, what: str, loss: Any) -> None:
@@ -106,4 +138,4 @@ def check_labels(labels: Any, count: int | None, what: str, loss: Any) -> None:
         )
 
 
-__all__ = ["ArrayDataset", "Dataset", "Splits", "check_labels", "load_data", "take"]
+__all__ = ["ArrayDataset", "Dataset", "Splits", "batch_size", "check_labels", "load_data", "take"]

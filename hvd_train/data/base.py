@@ -15,13 +15,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hvd_train.errors import UsageError
+
 Labels = Any  # an array (N, ...), or a tuple of them for several targets
+Inputs = Any  # an array (N, ...), or a dict of named inputs
+MASK = "{}_mask"  # a padded sequence input's mask: True at the positions the sequence has
 
 
 class Dataset(Protocol):
     """Examples by index: `len(dataset)`, and `dataset[indices]` -> `(x, y)` for an integer
     array of indices, with x's first axis and y's (an array of labels (N, ...) of any dtype,
-    or a tuple of them) of that length."""
+    or a tuple of them) of that length. x may be a dict of named inputs, each an array (N, ...)
+    or a sequence input: a list of N arrays (length, ...) of different lengths (`take` pads
+    them)."""
 
     def __len__(self) -> int: ...
 
@@ -30,18 +36,32 @@ class Dataset(Protocol):
 
 @dataclass(frozen=True)
 class ArrayDataset:
-    """In-memory arrays: inputs (N, ...) and labels (N, ...), or a tuple of label arrays."""
+    """In-memory arrays: inputs (N, ...), or a dict of named ones (arrays, or lists of N
+    arrays of different lengths), and labels (N, ...), or a tuple of label arrays."""
 
-    x: np.ndarray
+    x: Inputs
     y: Labels
 
     def __len__(self) -> int:
-        return len(self.x)
+        return batch_size(self.x)
 
-    def __getitem__(self, indices: np.ndarray) -> tuple[np.ndarray, Labels]:
+    def __getitem__(self, indices: np.ndarray) -> tuple[Inputs, Labels]:
+        if isinstance(self.x, dict):
+            x: Inputs = {name: _rows(value, indices) for name, value in self.x.items()}
+        else:
+            x = self.x[indices]
         if isinstance(self.y, tuple):
-            return self.x[indices], tuple(labels[indices] for labels in self.y)
-        return self.x[indices], self.y[indices]
+            return x, tuple(labels[indices] for labels in self.y)
+        return x, self.y[indices]
+
+
+def _rows(value: Any, indices: np.ndarray) -> Any:
+    return [value[int(index)] for index in indices] if isinstance(value, list) else value[indices]
+
+
+def batch_size(x: Inputs) -> int:
+    """How many examples the inputs `x` (an array, or a dict of named ones) hold."""
+    return len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
 
 
 @dataclass(frozen=True)
@@ -50,13 +70,48 @@ class Splits:
     test: Dataset
 
 
-def take(dataset: Dataset, indices: np.ndarray) -> tuple[np.ndarray, Labels]:
-    """One batch as the adapters take it, in NumPy: x with floats as float32; labels as
-    int64 (integers) or float32 (floats and booleans), a tuple of them kept a tuple."""
+def take(dataset: Dataset, indices: np.ndarray) -> tuple[Inputs, Labels]:
+    """One batch as the adapters take it, in NumPy: x with floats as float32, a dict's sequence
+    inputs padded with zeros to the batch's longest, each with its mask beside it ("tokens":
+    (N, longest, ...) and "tokens_mask": (N, longest) booleans); labels as int64 (integers) or
+    float32 (floats and booleans), a tuple of them kept a tuple."""
     x, y = dataset[indices]
+    x = _named_inputs(x) if isinstance(x, dict) else _as_model_dtype(x)
     if isinstance(y, tuple | list):
-        return _as_model_dtype(x), tuple(_as_label_dtype(labels) for labels in y)
-    return _as_model_dtype(x), _as_label_dtype(y)
+        return x, tuple(_as_label_dtype(labels) for labels in y)
+    return x, _as_label_dtype(y)
+
+
+def _named_inputs(x: dict[str, Any]) -> dict[str, np.ndarray]:
+    inputs = {}
+    for name, value in x.items():
+        if isinstance(value, list | tuple) or (
+            isinstance(value, np.ndarray) and value.dtype.kind == "O"
+        ):
+            inputs[name], inputs[MASK.format(name)] = padded(value, name)
+        else:
+            inputs[name] = _as_model_dtype(value)
+    return inputs
+
+
+def padded(sequences: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences of different lengths (arrays (length, ...) alike after the first axis) as one
+    array (N, longest, ...) padded with zeros, and the mask of the positions they hold."""
+    arrays = [np.asarray(sequence) for sequence in sequences]
+    shapes = {array.shape[1:] for array in arrays}
+    if any(array.ndim == 0 for array in arrays) or len(shapes) > 1:
+        raise UsageError(
+            f"the input {name!r} is a list of {len(arrays)} arrays, which must be sequences "
+            "(length, ...) alike after their first axis, to be padded to the longest; give "
+            "an array (N, ...) for inputs of one shape"
+        )
+    lengths = np.array([len(array) for array in arrays])
+    dtype = np.result_type(*arrays) if arrays else np.float32
+    out = np.zeros((len(arrays), max(lengths, default=0), *shapes.pop()), dtype)
+    for row, array in enumerate(arrays):
+        out[row, : len(array)] = array
+    mask = np.arange(out.shape[1]) < lengths[:, np.newaxis]
+    return _as_model_dtype(out), mask
 
 
 def _as_model_dtype(x: Any) -> np.ndarray:

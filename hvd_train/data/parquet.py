@@ -17,7 +17,7 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
@@ -125,13 +125,13 @@ def _split(root: Path, name: str, data: Data) -> ParquetTable:
             f"{name} split there"
         )
     assert data.input is not None and data.label is not None and data.input_shape is not None
-    tables = [_checked(file, _memory_mapped(file, [data.input, data.label]), data)
+    tables = [_checked(file, memory_mapped([file], [data.input, data.label]), data)
               for file in files]  # fmt: skip
     lengths = [table.num_rows for table in tables]
     if not sum(lengths):
         raise UsageError(f"the {name}*.parquet files of {root} hold no rows; write some")
     return ParquetTable(
-        pa.concat_tables(tables),
+        _joined(tables, files),
         tuple(files), np.cumsum([0, *lengths[:-1]]), data.input, data.label, data.input_shape,
         bool(data.resize),
     )  # fmt: skip
@@ -178,10 +178,25 @@ def _numbers(kind: pa.DataType) -> bool:
     return False
 
 
-def _memory_mapped(file: Path, columns: list[str]) -> pa.Table:
-    """`columns` of `file`, read from its Arrow copy in the cache (made first if need be)."""
-    copy = _arrow_copy(file, columns)
-    return pa.ipc.open_file(pa.memory_map(str(copy))).read_all()
+def memory_mapped(files: Sequence[Path], columns: list[str]) -> pa.Table:
+    """`columns` of the Parquet `files`, as one table read from their uncompressed Arrow copies
+    in the cache (made first where need be), memory-mapped: for a Python recipe's own tables
+    too (recipes/examples/text_parquet.py)."""
+    tables = [pa.ipc.open_file(pa.memory_map(str(_arrow_copy(Path(f), columns)))).read_all()
+              for f in files]  # fmt: skip
+    return _joined(tables, files)
+
+
+def _joined(tables: list[pa.Table], files: Sequence[Path]) -> pa.Table:
+    try:
+        return pa.concat_tables(tables)
+    except pa.ArrowInvalid:
+        differs = next(
+            f for f, t in zip(files, tables, strict=True) if t.schema != tables[0].schema
+        )
+        raise UsageError(
+            f"{differs}'s columns differ in type from {files[0]}'s; write the files alike"
+        ) from None
 
 
 def _arrow_copy(file: Path, columns: list[str]) -> Path:
@@ -229,7 +244,7 @@ def _batches(file: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
         if missing:
             raise UsageError(
                 f"{file} has no column {missing[0]!r} (it has {', '.join(map(repr, names))}); "
-                "set data.input and data.label to the columns of the images and their labels"
+                "name the columns it has (in a recipe: data.input and data.label)"
             )
         schema = pa.schema([parquet.schema_arrow.field(column) for column in columns])
         yielded = False

@@ -132,18 +132,23 @@ def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 def apply(
-    transforms: Sequence[Transform], x: np.ndarray, indices: np.ndarray, *, seed: int, epoch: int
-) -> np.ndarray:
-    """The batch `x` (examples `indices`) with each example transformed by its own numbers."""
+    transforms: Sequence[Transform], x: Any, indices: np.ndarray, *, seed: int, epoch: int
+) -> Any:
+    """The batch `x` (examples `indices`) with each example transformed by its own numbers.
+    Named inputs (a dict) are transformed an example's dict at a time, keeping their dtypes."""
     if not transforms:
         return x
-    examples = []
-    for example, index in zip(x, indices, strict=True):
+    named = isinstance(x, dict)
+    examples = [{k: v[i] for k, v in x.items()} for i in range(len(indices))] if named else x
+    transformed = []
+    for example, index in zip(examples, indices, strict=True):
         rng = example_rng(seed, epoch, int(index))
         for transform in transforms:
             example = transform(example, rng)
-        examples.append(np.asarray(example, np.float32))
-    return np.stack(examples)
+        transformed.append(example if named else np.asarray(example, np.float32))
+    if named:
+        return {name: np.stack([example[name] for example in transformed]) for name in x}
+    return np.stack(transformed)
 
 
 @dataclass(frozen=True)

@@ -178,7 +178,7 @@ def test_pixels_of_another_size_name_their_row(mnist_dir, tmp_path):
     ("change", "message"),
     [
         (lambda t: t.rename_columns(["picture", "label"]),
-         "test.parquet has no column 'image' \\(it has 'picture', 'label'\\); set data.input"),
+         "test.parquet has no column 'image' \\(it has 'picture', 'label'\\); name the columns"),
         (lambda t: t.set_column(1, "label", pa.array([str(v) for v in t.column(1).to_pylist()])),
          "test.parquet: column 'label' is string; it must hold integer class labels"),
         (lambda t: t.set_column(0, "image", pa.array(range(t.num_rows))),
@@ -226,3 +226,16 @@ def test_parquet_settings_are_checked_like_any_other():
         Data("parquet", path="x", input_shape=(28, 28, 1))
     with pytest.raises(UsageError, match=r"^data.input: only used with dataset = 'parquet'"):
         Data("folder", path="x", input_shape=(28, 28, 1), num_classes=10, input="image")
+
+
+def test_files_of_one_split_that_differ_in_type_are_one_line(mnist_parquet, tmp_path):
+    root = tmp_path / "tables"
+    root.mkdir()
+    table = pq.read_table(mnist_parquet / "train.parquet")
+    pq.write_table(table, root / "train-0.parquet")
+    pq.write_table(table.set_column(1, "label", table.column(1).cast(pa.int32())),
+                   root / "train-1.parquet")  # fmt: skip
+    pq.write_table(table, root / "test.parquet")
+    with pytest.raises(UsageError, match=r"train-1.parquet's columns differ in type from .*"
+                       r"train-0.parquet's; write the files alike"):  # fmt: skip
+        load_data(parquet(root), None)
