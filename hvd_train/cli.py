@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(shared, ["data_dir"], checked)
     shared.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
     commands = parser.add_subparsers(
-        dest="command", metavar="{train,launch,eval,export,show-recipe,plot,bench,doctor,k8s}",
+        dest="command",
+        metavar="{train,launch,eval,export,show-recipe,write-records,plot,bench,doctor,k8s}",
         parser_class=Parser,
     )  # fmt: skip
     train = commands.add_parser(
@@ -180,6 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[shared, recipe],
         help="print the effective recipe (after --set) as TOML, with its hash",
     )
+    records = commands.add_parser(
+        "write-records", parents=[shared, recipe],
+        help='write the recipe\'s data as ArrayRecord shards, for dataset = "records"',
+    )  # fmt: skip
+    records.add_argument("out", type=Path, metavar="OUT", help="the folder to write the shards "
+                         "into")  # fmt: skip
+    records.add_argument("--shard-size", type=positive(int), default=10_000,
+                         help="examples per shard (default: %(default)s)")  # fmt: skip
     doctor = commands.add_parser(
         "doctor", parents=[shared], help="check what a run needs, here and on other hosts"
     )
@@ -286,6 +295,22 @@ def run_show_recipe(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_write_records(args: argparse.Namespace) -> int:
+    from hvd_train.api import DEFAULT_FRAMEWORK, DEFAULT_RECIPE, resolve_recipe, with_overrides
+    from hvd_train.data import load_source
+    from hvd_train.data.records import write_records
+
+    recipe = resolve_recipe(args.recipe or DEFAULT_RECIPE, args.framework or DEFAULT_FRAMEWORK)
+    recipe = with_overrides(recipe, overrides(args))
+    try:
+        written = write_records(load_source(recipe, args.data_dir), args.out, args.shard_size)
+    except OSError as error:
+        raise UsageError(f"cannot write the shards into {args.out} ({error.strerror}); free "
+                         "space there or choose another folder") from None  # fmt: skip
+    print(f"wrote {len(written)} shards into {args.out}")
+    return 0
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from hvd_train.api import DEFAULT_FRAMEWORK
     from hvd_train.commands.evaluate import evaluate_checkpoint
@@ -365,6 +390,7 @@ COMMANDS = {
     "export": run_export,
     "doctor": run_doctor,
     "show-recipe": run_show_recipe,
+    "write-records": run_write_records,
     "plot": run_plot,
     "bench": run_bench,
     "k8s": run_k8s,

@@ -12,6 +12,7 @@ from hvd_train.data.folder import load_folder
 from hvd_train.data.mnist import load_mnist
 from hvd_train.data.npz import load_npz
 from hvd_train.data.parquet import load_parquet
+from hvd_train.data.records import load_records
 from hvd_train.data.synthetic import load_synthetic
 from hvd_train.data.transforms import Transformed
 from hvd_train.errors import UsageError
@@ -27,14 +28,15 @@ def load_data(recipe: Recipe, data_dir: Path | None) -> Splits:
     """The recipe's data; `data_dir` is where MNIST is read from (default: the cache). The test
     split takes the deterministic transforms (the training split takes them all as its batches
     are read: `pipeline.read_ahead`)."""
-    splits = _source(recipe, data_dir)
+    splits = load_source(recipe, data_dir)
     evaluation = recipe.transforms().evaluation
     if evaluation:
         return Splits(splits.train, Transformed(splits.test, evaluation))
     return splits
 
 
-def _source(recipe: Recipe, data_dir: Path | None) -> Splits:
+def load_source(recipe: Recipe, data_dir: Path | None) -> Splits:
+    """The recipe's data as its source gives it, without transforms."""
     data = recipe.data
     if not isinstance(data, Data):
         return _from_python(data(), recipe)
@@ -46,6 +48,8 @@ def _source(recipe: Recipe, data_dir: Path | None) -> Splits:
         return load_folder(data)
     if data.dataset == "parquet":
         return load_parquet(data)
+    if data.dataset == "records":
+        return load_records(data)
     return load_synthetic(data)
 
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from hvd_train.errors import UsageError
 from hvd_train.rules import Rule
 
-DATASETS = ("mnist", "npz", "folder", "parquet", "synthetic")
+DATASETS = ("mnist", "npz", "folder", "parquet", "records", "synthetic")
 LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCALING = ("linear", "sqrt", "none")
@@ -57,8 +57,8 @@ class Data(Settings):
     """Where the examples come from: `mnist`; `npz`, the user's arrays in a file (`path`,
     relative to the recipe); `folder`, images in one folder per class under `path`/train and
     `path`/test (`resize`: to `input_shape`); `parquet`, tables of the `input` and `label`
-    columns in the `train*.parquet` and `test*.parquet` files of `path`; or `synthetic`,
-    generated on the fly."""
+    columns in the `train*.parquet` and `test*.parquet` files of `path`; `records`, ArrayRecord
+    shards in `path` (`hvd-train write-records`); or `synthetic`, generated on the fly."""
 
     section = "data"
     dataset: str = setting(kind=str, choices=DATASETS)
@@ -105,7 +105,7 @@ class Data(Settings):
                 raise self.fail(key, f"only used with dataset = {named}; remove it")
 
     def _check_mnist(self) -> None:
-        self._only_for("npz folder parquet", "path")
+        self._only_for("npz folder parquet records", "path")
         self._only_for("synthetic", "train_samples", "test_samples")
         self._only_for("folder parquet", "resize")
         fixed: dict[str, Any] = {"input_shape": MNIST_SHAPE, "num_classes": MNIST_CLASSES}
@@ -122,6 +122,14 @@ class Data(Settings):
         for key in ("path", "input_shape", "num_classes"):
             if getattr(self, key) is None:
                 raise self.fail(key, "missing; npz data needs it (the file is checked against it)")
+
+    def _check_records(self) -> None:
+        self._only_for("synthetic", "train_samples", "test_samples")
+        self._only_for("folder parquet", "resize")
+        for key in ("path", "input_shape", "num_classes"):
+            if getattr(self, key) is None:
+                raise self.fail(key, "missing; records need it (the shards are checked against "
+                                "it)")  # fmt: skip
 
     def _check_folder(self) -> None:
         self._only_for("synthetic", "train_samples", "test_samples")
@@ -147,7 +155,7 @@ class Data(Settings):
             object.__setattr__(self, "resize", False)
 
     def _check_synthetic(self) -> None:
-        self._only_for("npz folder parquet", "path")
+        self._only_for("npz folder parquet records", "path")
         self._only_for("folder parquet", "resize")
         defaults = {"input_shape": MNIST_SHAPE, "num_classes": MNIST_CLASSES,
                     "train_samples": 60000, "test_samples": 10000}  # fmt: skip

@@ -103,6 +103,6 @@ def test_folder_settings_are_checked_like_any_other():
     ):
         Data("mnist", resize=True)
     with pytest.raises(
-        UsageError, match=r"^data.path: only used with dataset = 'npz', 'folder' or 'parquet'"
+        UsageError, match=r"^data.path: only used with dataset = 'npz', 'folder', 'parquet' or"
     ):
         Data("mnist", path="x")

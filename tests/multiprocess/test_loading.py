@@ -1,8 +1,9 @@
 """Data workers and sources on disk under the real `horovodrun -np 2`: batches read ahead by
 threads train exactly the weights that batches read in the step train, the summary splits out
 the wait for data (T_data), and a run whose steps wait for their data says so once, with the
-setting to change; a folder of PNG files and a Parquet table of them train exactly as their
-arrays in memory would, and a broken image stops the run with one line naming it."""
+setting to change; a folder of PNG files, a Parquet table of them and ArrayRecord shards train
+exactly as their arrays in memory would, and a broken image stops the run with one line naming
+it."""
 
 import json
 import shutil
@@ -13,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvd_train.data import load_data
+from hvd_train.data import load_data, load_source
+from hvd_train.data.records import write_records
 from hvd_train.recipe import load_recipe
 from tests.conftest import FRAMEWORKS, REPO
 from tests.helpers import assert_same_weights, saved_weights
@@ -81,15 +83,27 @@ def parquet_tables(mnist_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def record_shards(image_folder, tmp_path_factory) -> Path:
+    """The image folder's examples as ArrayRecord shards of 128."""
+    out = tmp_path_factory.mktemp("records")
+    folder = small_recipe(out / "folder.toml", f'dataset = "folder"\npath = "{image_folder}"')
+    write_records(load_source(load_recipe(folder), None), out / "shards", shard_size=128)
+    return out / "shards"
+
+
 @pytest.mark.parametrize(
-    ("source", "framework"), [("folder", "torch"), ("folder", "tensorflow"), ("parquet", "torch")]
-)
+    ("source", "framework"),
+    [("folder", "torch"), ("folder", "tensorflow"), ("parquet", "torch"),
+     ("records", "tensorflow")],
+)  # fmt: skip
 def test_images_on_disk_train_as_the_same_arrays_in_memory_would(
     source, framework, request, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("HVD_TRAIN_CACHE", str(tmp_path / "cache"))
     # The reference: the source's own pixels and labels, in its order, as an npz in memory.
-    root = request.getfixturevalue({"folder": "image_folder", "parquet": "parquet_tables"}[source])
+    fixtures = {"folder": "image_folder", "parquet": "parquet_tables", "records": "record_shards"}
+    root = request.getfixturevalue(fixtures[source])
     on_disk = f'dataset = "{source}"\npath = "{root}"'
     splits = load_data(load_recipe(small_recipe(tmp_path / "disk.toml", on_disk)), None)
     arrays = {}
