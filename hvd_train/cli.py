@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 import tomllib
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hvd_train.adapters import ADAPTERS, EXPORT_FORMATS
-from hvd_train.errors import ReplicasDiverged, Stopped, UsageError, reported_here
+from hvd_train.errors import DataStalled, ReplicasDiverged, Stopped, UsageError, reported_here
 from hvd_train.launching import BACKENDS
 from hvd_train.options import TRAIN_OPTIONS, add_arguments
 from hvd_train.rules import Rule
@@ -408,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         report(error)
+        if isinstance(error, DataStalled):
+            sys.stderr.flush()
+            os._exit(2)  # not waiting for the hung reader threads (errors.DataStalled)
         return 2
     except Stopped as stop:  # rank 0 said where it stopped and how to resume
         return 128 + stop.signum

@@ -18,6 +18,11 @@ class UsageError(Exception):
         self.every_rank = every_rank
 
 
+class DataStalled(UsageError):
+    """The data workers read no batch within the timeout: the source hangs. Their threads
+    cannot be stopped, and Python waits for them at exit, so the process exits at once."""
+
+
 class Stopped(Exception):
     """The job stopped at a signal after checkpointing; the message says how to resume."""
 

@@ -20,7 +20,13 @@ from hvd_train.recipe import Recipe, load_recipe
 from hvd_train.recipe.toml import parse_toml_recipe
 
 # What a resumed run may change: how batches are read never changes what they hold.
-SAFE_CHANGES = ("schedule.epochs", "model.metrics", "data.workers", "data.prefetch")
+SAFE_CHANGES = (
+    "schedule.epochs",
+    "model.metrics",
+    "data.workers",
+    "data.prefetch",
+    "data.timeout",
+)
 
 
 def saved_framework(output_dir: Path) -> str | None:

@@ -117,8 +117,9 @@ class Trainer:
         self.workers = workers_for(loading.workers, self.data.train, adapter.threads_per_rank())
         total = 0.0
         augment = augmentation(self.recipe.transforms().training, self.seed, epoch)
-        with closing(read_ahead(self.data.train, shard[first_step:steps], self.workers,
-                                loading.prefetch, augment)) as batches:  # fmt: skip
+        reading = read_ahead(self.data.train, shard[first_step:steps], self.workers,
+                             loading.prefetch, augment, loading.timeout)  # fmt: skip
+        with closing(reading) as batches:
             for index in range(first_step, steps):
                 step = self.plan.global_step(Position(epoch, index))
                 result = self.run_step(batches, shard[index], step)

@@ -7,7 +7,15 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.data.base import MASK, ArrayDataset, Dataset, Splits, batch_size, take
+from hvd_train.data.base import (
+    MASK,
+    ArrayDataset,
+    Dataset,
+    Splits,
+    batch_size,
+    on_disk,
+    take,
+)
 from hvd_train.data.folder import load_folder
 from hvd_train.data.mnist import load_mnist
 from hvd_train.data.npz import load_npz
@@ -112,7 +120,9 @@ def _inputs(x: Any, what: str) -> Any:
 
 
 def _finite(array: np.ndarray, what: str) -> np.ndarray:
-    if array.dtype.kind in "fc" and not np.isfinite(array).all():
+    """`array`, checked for NaN and infinite values, unless it is a file's memory map: that
+    would read the file whole (a NaN that reaches the loss stops the run instead)."""
+    if array.dtype.kind in "fc" and not on_disk(array) and not np.isfinite(array).all():
         raise UsageError(f"{what} hold NaN or infinite values")
     return array
 

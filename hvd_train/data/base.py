@@ -59,6 +59,11 @@ def _rows(value: Any, indices: np.ndarray) -> Any:
     return [value[int(index)] for index in indices] if isinstance(value, list) else value[indices]
 
 
+def on_disk(array: Any) -> bool:
+    """Whether `array` is a memory-mapped file's (or a view of one)."""
+    return isinstance(array, np.memmap) or isinstance(getattr(array, "base", None), np.memmap)
+
+
 def batch_size(x: Inputs) -> int:
     """How many examples the inputs `x` (an array, or a dict of named ones) hold."""
     return len(next(iter(x.values()))) if isinstance(x, dict) else len(x)

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Generator, Sequence
+import queue
+import threading
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from hvd_train.data.base import ArrayDataset, Dataset, take
+from hvd_train.data.base import ArrayDataset, Dataset, on_disk, take
 from hvd_train.data.transforms import Transform, apply
+from hvd_train.errors import DataStalled
+from hvd_train.recipe.settings import Loading
 
 Step = list[np.ndarray]  # a step's batches of indices, one per backward pass
 Taken = list[tuple[Any, Any]]  # the step's batches, taken
@@ -30,13 +34,9 @@ def workers_for(setting: int | str, dataset: Dataset, cores: int) -> int:
     per core of the rank's share (`cores`), at least two and at most eight."""
     if setting != "auto":
         return int(setting)
-    if isinstance(dataset, ArrayDataset) and not _on_disk(dataset.x):
+    if isinstance(dataset, ArrayDataset) and not on_disk(dataset.x):
         return 0
     return max(2, min(8, cores))
-
-
-def _on_disk(array: Any) -> bool:
-    return isinstance(array, np.memmap) or isinstance(getattr(array, "base", None), np.memmap)
 
 
 Augment = Callable[[Any, np.ndarray], Any]  # a batch's inputs and its examples -> inputs
@@ -44,11 +44,12 @@ Augment = Callable[[Any, np.ndarray], Any]  # a batch's inputs and its examples 
 
 def read_ahead(
     dataset: Dataset, steps: Sequence[Step], workers: int, prefetch: int,
-    augment: Augment | None = None,
+    augment: Augment | None = None, timeout: float = Loading.timeout,
 ) -> Generator[Taken, None, None]:  # fmt: skip
     """The steps' batches, taken (and their inputs augmented), in order: in the caller's thread
     when `workers` is 0, else by `workers` threads up to `prefetch` steps ahead. Closing the
-    generator (or reading it to its end) stops the threads."""
+    generator (or reading it to its end) stops the threads. A batch the threads have not read
+    after `timeout` seconds raises DataStalled."""
     if workers == 0:
         for step in steps:
             yield take_step(dataset, step, augment)
@@ -58,9 +59,54 @@ def read_ahead(
     options = grain.ReadOptions(num_threads=workers, prefetch_buffer_size=prefetch)
     iterator = iter(source.to_iter_dataset(options))
     try:
-        yield from iterator
+        yield from _within(timeout, iterator, steps)
     finally:
         iterator.close()
+
+
+def _within(timeout: float, iterator: Iterator[Taken], steps: Sequence[Step]) -> Iterator[Taken]:
+    """`iterator`'s batches, each waited for `timeout` seconds at most. A thread of its own
+    takes them from Grain's iterator (whose `next` has no timeout) and hands them over, one at
+    a time; it ends with the iterator, or once this generator is closed."""
+    handed: queue.Queue[tuple[Taken | None, BaseException | None]] = queue.Queue(maxsize=1)
+    closed = threading.Event()
+
+    def hand(item: tuple[Taken | None, BaseException | None]) -> None:
+        while not closed.is_set():
+            try:
+                return handed.put(item, timeout=0.1)
+            except queue.Full:
+                pass
+
+    def hand_over() -> None:
+        try:
+            for taken in iterator:
+                hand((taken, None))
+                if closed.is_set():
+                    return
+            hand((None, None))
+        except BaseException as error:  # raised by a read: the step that needs it raises it
+            hand((None, error))
+
+    threading.Thread(target=hand_over, name="hvd_train-handover", daemon=True).start()
+    try:
+        for step in steps:
+            try:
+                taken, error = handed.get(timeout=timeout)
+            except queue.Empty:
+                first = ", ".join(str(int(i)) for i in step[0][:4])
+                raise DataStalled(
+                    f"the data workers read no batch in {timeout:g} s (the batch of examples "
+                    f"{first}, ...): the source hangs or is far too slow; check its storage, "
+                    "or give it longer with --set data.timeout=SECONDS"
+                ) from None
+            if error is not None:
+                raise error
+            if taken is None:
+                return
+            yield taken
+    finally:
+        closed.set()
 
 
 def augmentation(training: Sequence[Transform], seed: int, epoch: int) -> Augment | None:

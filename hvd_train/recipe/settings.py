@@ -215,11 +215,13 @@ class Loading(Settings):
     """How the training batches are read, for any data (a Python recipe's own too); its keys
     sit in `[data]`. `workers` threads take the next batches while the step runs, up to
     `prefetch` batches ahead; 0 workers take each batch in the step. `"auto"`: none for arrays
-    in memory, else one per core of the rank (2 to 8). What a batch holds never changes."""
+    in memory, else one per core of the rank (2 to 8). A batch the workers have not read after
+    `timeout` seconds stops the run (a source that hangs). What a batch holds never changes."""
 
     section = "data"
     workers: int | str = "auto"
     prefetch: int = setting(2, kind=int, positive=True)
+    timeout: float = setting(300.0, kind=float, positive=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,5 +1,6 @@
 """Reading ahead: the same batches in the same order with any number of workers, a source's
-error raised in the step that needs the batch, the threads gone once the epoch is left."""
+error raised in the step that needs the batch, a batch that never comes raised after the
+timeout, the threads gone once the epoch is left."""
 
 import threading
 import time
@@ -10,6 +11,7 @@ import pytest
 from hvd_train.data import ArrayDataset
 from hvd_train.data.pipeline import read_ahead, workers_for
 from hvd_train.data.sharding import epoch_order, shard_steps
+from hvd_train.errors import DataStalled
 
 
 class SlowSource:
@@ -70,21 +72,57 @@ def test_a_failing_read_is_raised_by_the_step_that_needs_it():
         next(batches)
 
 
+class Hanging(SlowSource):
+    """A source whose read of one example takes `hang` seconds, as a stalled mount does."""
+
+    def __init__(self, size: int, stalled: int, hang: float) -> None:
+        super().__init__(size, 0.0)
+        self.stalled, self.hang = stalled, hang
+
+    def __getitem__(self, indices: np.ndarray):
+        if self.stalled in indices:
+            time.sleep(self.hang)
+        return super().__getitem__(indices)
+
+
+def test_a_batch_that_never_comes_is_raised_after_the_timeout():
+    steps = steps_of(200)
+    stalled = int(steps[4][0][1])
+    batches = read_ahead(Hanging(200, stalled, 5.0), steps, workers=2, prefetch=2, timeout=0.5)
+    for _ in range(4):
+        next(batches)
+    started = time.monotonic()
+    with pytest.raises(DataStalled, match=rf"no batch in 0.5 s \(the batch of examples "
+                       rf"{steps[4][0][0]}, {stalled}, "):  # fmt: skip
+        next(batches)
+    assert time.monotonic() - started < 2
+    # A slow read within the timeout is only waited for.
+    slow = read_ahead(Hanging(200, stalled, 0.3), steps, workers=2, prefetch=2, timeout=2.0)
+    assert len(list(slow)) == len(steps)
+
+
 def readers() -> set[threading.Thread]:
-    """Grain's reading threads (pytest-xdist runs threads of its own beside the tests)."""
-    return {thread for thread in threading.enumerate() if thread.name.startswith("grain")}
+    """Grain's reading threads and the one handing their batches over (pytest-xdist runs
+    threads of its own beside the tests)."""
+    return {thread for thread in threading.enumerate()
+            if thread.name.startswith(("grain", "hvd_train"))}  # fmt: skip
 
 
-def test_leaving_an_epoch_early_stops_its_threads():
+def test_leaving_an_epoch_early_or_at_its_end_stops_its_threads():
     before = readers()
     batches = read_ahead(SlowSource(400, 0.01), steps_of(400), workers=3, prefetch=3)
     next(batches)
-    assert len(readers() - before) == 3
+    assert len(readers() - before) == 4
     batches.close()
     deadline = time.monotonic() + 5
     while readers() - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not readers() - before
+    list(read_ahead(SlowSource(400, 0.0), steps_of(400), workers=3, prefetch=3))
+    deadline = time.monotonic() + 5
+    while readers() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not readers() - before  # an epoch read to its end leaves no thread either
 
 
 def test_auto_reads_arrays_in_memory_in_the_step_and_anything_else_ahead(tmp_path):

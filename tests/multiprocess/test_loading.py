@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +136,17 @@ def test_a_broken_image_stops_the_run_naming_its_file(image_folder, tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists() or not any(
         (tmp_path / "run" / "checkpoints").iterdir()
     )
+
+
+def test_a_source_that_hangs_stops_the_job_within_its_timeout(tmp_path, monkeypatch):
+    monkeypatch.setenv("HVD_TRAIN_TEST_HANG", "7")  # the read of example 7 never ends
+    command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, "-m", "hvd_train",
+               "--recipe", RECIPE, "--set", "data.workers=2", "--set", "data.timeout=3",
+               "--output-dir", str(tmp_path / "run")]  # fmt: skip
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert time.monotonic() - started < 90, output
+    assert result.returncode == 2 and "Traceback" not in output, output
+    assert "the data workers read no batch in 3 s (the batch of examples " in output, output
+    assert result.stderr.splitlines()[-1].endswith("exited with code 2; the job was stopped")

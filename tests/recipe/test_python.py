@@ -131,6 +131,7 @@ def test_a_python_recipes_own_data_takes_the_data_workers_settings(tmp_path):
     changed = recipe.with_overrides({"data.workers": "auto", "data.prefetch": 8})
     assert (changed.loading.workers, changed.loading.prefetch) == ("auto", 8)
     assert changed.settings_table()["data"] == {"python": f"python recipe {recipe.source}",
-                                                "workers": "auto", "prefetch": 8}  # fmt: skip
+                                                "workers": "auto", "prefetch": 8,
+                                                "timeout": 300.0}  # fmt: skip
     with pytest.raises(UsageError, match=r"^data: this recipe's data is a Python function"):
         recipe.with_overrides({"data.dataset": "mnist"})

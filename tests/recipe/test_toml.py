@@ -65,6 +65,7 @@ def test_how_batches_are_read_is_said_in_data_and_set_like_any_key():
         "num_classes": 10,
         "workers": 3,
         "prefetch": 2,
+        "timeout": 300.0,
     }
     again = recipe.with_overrides({"data.workers": 0, "prefetch": 4})
     assert again.loading == Loading(workers=0, prefetch=4) and again.data == recipe.data
