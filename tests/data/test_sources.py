@@ -74,3 +74,17 @@ def test_a_wrong_return_from_a_python_recipes_data_is_one_line(returned, message
     with pytest.raises(UsageError) as error:
         load_data(recipe_with(lambda: returned), None)
     assert str(error.value).startswith("mine.py:recipe: ") and message in str(error.value)
+
+
+def test_a_memory_mapped_array_is_not_read_whole_for_a_nan_check(tmp_path):
+    # Scanning it would read the whole file before training; a NaN that reaches the loss stops
+    # the run instead. The same values in memory are refused.
+    x = np.lib.format.open_memmap(tmp_path / "x.npy", "w+", np.float32, (3, 2))
+    x[1, 1] = np.nan
+    x.flush()
+    mapped = np.load(tmp_path / "x.npy", mmap_mode="r")
+    labels = np.zeros(3, int)
+    splits = load_data(recipe_with(lambda: ((mapped, labels), (mapped, labels))), None)
+    assert len(splits.train) == 3
+    with pytest.raises(UsageError, match="train inputs hold NaN or infinite values"):
+        load_data(recipe_with(lambda: ((np.array(mapped), labels), (mapped, labels))), None)

@@ -206,3 +206,22 @@ def test_the_text_example_classifies_padded_texts_read_from_parquet(framework, t
         guesses = [int(model(torch.from_numpy(t)[None], torch.ones(1, len(t), dtype=torch.bool))
                        .argmax()) for t in texts["tokens"]]  # fmt: skip
     assert summary["test_accuracy"] == pytest.approx(np.mean(np.array(guesses) == labels))
+
+
+@pytest.mark.torch
+def test_the_resnet18_folder_example_reads_augments_and_trains(mnist_dir, tmp_path, monkeypatch):
+    # A smoke run (ResNet-18 is slow on CPUs): 64 images of each split, 4 steps.
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make-image-folder"),
+                    str(tmp_path / "images"), "--data-dir", str(mnist_dir), "--limit", "64"],
+                   check=True, capture_output=True)  # fmt: skip
+    monkeypatch.setenv("HVD_TRAIN_IMAGES", str(tmp_path / "images"))
+    horovodrun("-m", "hvd_train", "--recipe", str(EXAMPLES / "resnet18_folder.py"), "--epochs",
+               "1", "--limit-steps", "4", "--output-dir", str(tmp_path / "run"))  # fmt: skip
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["settings"]["data"]["workers"] == "auto"
+    transforms = [t["type"] for t in summary["settings"]["data"]["transforms"]]
+    assert transforms == ["random_crop", "horizontal_flip", "normalize"]
+    assert np.isfinite(summary["test_loss"]) and summary["images_per_second"] > 0, summary
