@@ -75,9 +75,11 @@ def test_the_job_goes_on_without_its_killed_rank_0_and_reaches_the_recipes_accur
 
 def test_a_worker_that_joins_holds_the_same_replica_under_weight_decay(mnist_dir, tmp_path):
     # Weight decay makes a zero-gradient step move the weights: the joining worker must not
-    # take one (Horovod's own TorchState does, on the newcomer only).
+    # take one (Horovod's own TorchState does, on the newcomer only). Two data workers read
+    # ahead, and the resize starts their reading anew at the new shards.
     (tmp_path / "hosts").write_text("localhost:1\n")
-    settings = ["--set", "optimizer.name=adamw", "--set", "optimizer.weight_decay=0.05"]
+    settings = ["--set", "optimizer.name=adamw", "--set", "optimizer.weight_decay=0.05",
+                "--set", "data.workers=2"]  # fmt: skip
     job, output_dir = elastic_job(tmp_path, 1, "--data-dir", str(mnist_dir), *settings)
     wait_for((output_dir / "metrics.jsonl").exists, job)
     (tmp_path / "hosts").write_text("localhost:1\n127.0.0.1:1\n")  # a second worker joins
@@ -85,5 +87,6 @@ def test_a_worker_that_joins_holds_the_same_replica_under_weight_decay(mnist_dir
     assert job.returncode == 0, output
     summary = json.loads((output_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["epochs"] == 2  # it joined, and stayed
+    assert summary["settings"]["data"]["workers"] == 2
     assert summary["learning_rate"] == pytest.approx(0.002)
     assert summary["test_accuracy"] >= 0.99, summary
