@@ -220,6 +220,39 @@ def data() -> str:
     ])  # fmt: skip
 
 
+def loaders() -> str:
+    """docs/data.md's table: the input pipelines hvd_train could be built on, side by side."""
+    figures = results("loaders")
+    names = list(figures["rows"][0]["over_hvd_train"])
+    rows = [[row["source"], *(f"{row[name]['batches_per_second']:.0f} "
+                              f"({row[name]['start_s']:.1f} s)" for name in ["hvd_train", *names]),
+             *(f"{row['over_hvd_train'][name]:.2f}" for name in names)]
+            for row in figures["rows"]]  # fmt: skip
+    return "\n".join([
+        f"`python -m benchmarks.loaders`, best of {figures['repeats']} ({when(figures)}; "
+        f"`docs/results/loaders.json`). Batches of {figures['batch']} read by "
+        f"{figures['workers']} workers, {figures['batches']} of them, while the main thread only "
+        "takes them: batches/s after the first (the seconds to the first: the loader's start):",
+        "", table(["source", "hvd_train (Grain, threads)", *names,
+                   *(f"{name} over hvd_train" for name in names)], rows), "",
+    ])  # fmt: skip
+
+
+def memory() -> str:
+    """docs/data.md's table: peak memory per rank with a large set on disk and a small one."""
+    figures = results("memory")
+    rows = [[row["source"], *(f"{row[size][0]} MB ({row[size][1]} MB)"
+                              for size in ("small_mb", "large_mb")),
+             f"{row['own_growth_mb']:+} MB"] for row in figures["rows"]]  # fmt: skip
+    return "\n".join([
+        f"`python -m benchmarks.memory`, mnist_cnn under torch at np=2, {figures['steps']} steps "
+        f"({when(figures)}; `docs/results/memory.json`). The largest resident memory of either "
+        "rank (in brackets, its own: less the file pages it maps):", "",
+        table(["training set on disk", f"{figures['small_gb'] * 1000:g} MB set",
+               f"{figures['large_gb']:g} GB set", "growth of its own"], rows), "",
+    ])  # fmt: skip
+
+
 def table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
@@ -236,6 +269,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "test-times-summary": test_times_summary,
     "test-times": test_times,
     "data": data,
+    "loaders": loaders,
+    "memory": memory,
 }
 
 

@@ -88,7 +88,9 @@ def test_a_failed_job_whose_other_rank_hangs_ends_within_about_ten_seconds():
     assert result.stderr.splitlines()[-1] == (
         "horovodrun: rank 1 exited with code 3; the job was stopped"
     )
-    assert took < 15, took  # start-up, 0.5 s, 5 s to exit alone, 3 s after SIGTERM
+    # Start-up, 0.5 s, 5 s to exit alone, 3 s after SIGTERM: about 10 s, not rank 0's 300 s
+    # (the bound leaves room for a loaded machine: 16 s in a CI run beside other tests).
+    assert took < 30, took
 
 
 def test_a_rank_killed_by_sigkill_is_named_as_such():
