@@ -17,6 +17,7 @@ from hvd_train.data.base import (
     take,
 )
 from hvd_train.data.folder import load_folder
+from hvd_train.data.hugging_face import hugging_face, is_hugging_face
 from hvd_train.data.mnist import load_mnist
 from hvd_train.data.npz import load_npz
 from hvd_train.data.parquet import load_parquet
@@ -28,7 +29,8 @@ from hvd_train.recipe import Recipe
 from hvd_train.recipe.settings import Data
 
 RETURNS = (
-    "return ((x_train, y_train), (x_test, y_test)), arrays or datasets with len() and [indices]"
+    "return ((x_train, y_train), (x_test, y_test)), arrays or datasets with len() and [indices] "
+    "(Hugging Face's too)"
 )
 
 
@@ -82,6 +84,8 @@ def _dataset(part: Any, what: str, loss: Any) -> Dataset:
         y = part[1]
         y = tuple(map(np.asarray, y)) if isinstance(y, tuple | list) else np.asarray(y)
         dataset: Dataset = ArrayDataset(_inputs(part[0], what), y)
+    elif is_hugging_face(part):
+        dataset = hugging_face(part, what)
     elif hasattr(part, "__len__") and hasattr(part, "__getitem__"):
         dataset = part
     else:
