@@ -9,6 +9,7 @@ the source.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -128,6 +129,13 @@ def _as_label_dtype(labels: Any) -> np.ndarray:
     labels = np.asarray(labels)
     dtype = np.int64 if labels.dtype.kind in "iu" else np.float32
     return labels.astype(dtype, copy=False)
+
+
+def located(files: Sequence[Path], starts: np.ndarray, index: int, unit: str) -> str:
+    """Where example `index` lies among `files` whose first examples are `starts`, for
+    messages: "FILE row R (example INDEX)", `unit` naming what R counts."""
+    file = int(np.searchsorted(starts, index, side="right")) - 1
+    return f"{files[file]} {unit} {index - starts[file]} (example {index})"
 
 
 def cache_root() -> Path:

@@ -18,7 +18,7 @@ from safetensors.numpy import load as load_example
 from safetensors.numpy import save as save_example
 from tqdm import tqdm
 
-from hvd_train.data.base import Dataset, Splits, take
+from hvd_train.data.base import Dataset, Splits, located, take
 from hvd_train.errors import UsageError
 from hvd_train.recipe.settings import Data
 
@@ -61,11 +61,9 @@ class RecordShards:
             raise self.damaged(index, error) from None
 
     def damaged(self, index: int, error: Exception) -> UsageError:
-        shard = int(np.searchsorted(self.starts, index, side="right")) - 1
         return UsageError(
-            f"{self.files[shard]} record {index - self.starts[shard]} (example {index}) is "
-            f"damaged ({error}); write the shards again with hvd-train write-records, then "
-            "continue with --resume"
+            f"{located(self.files, self.starts, index, 'record')} is damaged ({error}); write "
+            "the shards again with hvd-train write-records, then continue with --resume"
         )
 
 
