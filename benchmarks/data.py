@@ -5,7 +5,8 @@ framework:
     (benchmarks/slow_mnist.py: mnist_cnn's model and schedule, as a Python recipe's own data);
   - decoding: mnist_cnn's whole recipe (2 epochs) from MNIST's 70,000 PNG files
     (scripts/make-image-folder, `dataset = "folder"`, normalised as the mnist source is) and
-    from MNIST in memory: test accuracy and images/s.
+    from MNIST in memory: test accuracy and images/s; and one epoch of each at np=1 (one rank,
+    its passes on both cores).
 
     python -m benchmarks.data [--examples 30000] [--repeats 2] [--wait-ms 10] [--json]
 
@@ -57,11 +58,13 @@ transforms = [{{ type = "normalize", mean = [{mean}], std = [{std}] }}]
 """
 
 
-def decoding(framework: str, recipe: str) -> dict[str, Any]:
-    """mnist_cnn's whole recipe (`recipe`: its name or a file) at np=2."""
+def decoding(framework: str, recipe: str, processes: int) -> dict[str, Any]:
+    """mnist_cnn's whole recipe (`recipe`: its name or a file) at np=`processes` (at np=1, one
+    epoch)."""
+    epochs = [] if processes == 2 else ["--epochs", "1"]
     with tempfile.TemporaryDirectory() as output:
-        command = [str(BIN / "horovodrun"), "-np", "2", "--gloo", PYTHON, "-m", "hvd_train",
-                   "--recipe", recipe, "--framework", framework,
+        command = [str(BIN / "horovodrun"), "-np", str(processes), "--gloo", PYTHON, "-m",
+                   "hvd_train", "--recipe", recipe, "--framework", framework, *epochs,
                    "--output-dir", output]  # fmt: skip
         run_all([(command, {})])
         summary = json.loads((Path(output) / "summary.json").read_text())
@@ -100,14 +103,16 @@ def main() -> None:
                     best[framework][name] = figures
     with tempfile.TemporaryDirectory() as directory:
         from_png = folder_recipe(Path(directory))
-        decoded: dict[str, dict[str, dict[str, Any]]] = {f: {} for f in FRAMEWORKS}
+        decoded: dict[tuple[str, int], dict[str, dict[str, Any]]] = {
+            (f, n): {} for f in FRAMEWORKS for n in (2, 1)
+        }
         for _ in range(args.repeats):
-            for framework in FRAMEWORKS:
+            for framework, processes in decoded:
                 for name, recipe in (("in memory", "mnist_cnn"), ("png files", from_png)):
-                    figures = decoding(framework, recipe)
-                    kept = decoded[framework].get(name)
+                    figures = decoding(framework, recipe, processes)
+                    kept = decoded[framework, processes].get(name)
                     if kept is None or figures["images_per_second"] > kept["images_per_second"]:
-                        decoded[framework][name] = figures
+                        decoded[framework, processes][name] = figures
     rows = [
         {"framework": framework, **{name: figures[name] for name in CONFIGURATIONS},
          "hidden": round(figures["waiting, workers auto"]["images_per_second"]
@@ -115,10 +120,10 @@ def main() -> None:
         for framework, figures in best.items()
     ]  # fmt: skip
     decoding_rows = [
-        {"framework": framework, **figures,
+        {"framework": framework, "processes": processes, **figures,
          "over_memory": round(figures["png files"]["images_per_second"]
                               / figures["in memory"]["images_per_second"], 3)}
-        for framework, figures in decoded.items()
+        for (framework, processes), figures in decoded.items()
     ]  # fmt: skip
     result = {"machine": machine(), "examples": args.examples, "wait_ms": args.wait_ms,
               "repeats": args.repeats, "rows": rows, "decoding": decoding_rows}  # fmt: skip
@@ -136,7 +141,8 @@ def main() -> None:
             f"{100 * row[name]['test_accuracy']:.2f}%"
             for name in ("in memory", "png files")
         ]
-        print(f"{row['framework']}: {'; '.join(parts)}; png over memory {row['over_memory']:.2f}")
+        print(f"{row['framework']} at np={row['processes']}: {'; '.join(parts)}; png over "
+              f"memory {row['over_memory']:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ prefetch, while the main thread only takes them, so the figure is the loader's o
   - torch's DataLoader, worker processes (fork), a batch per item;
   - tf.data, `map` of a NumPy function with two parallel calls, then `prefetch`.
 Three sources: MNIST in memory (taking a batch is a copy), the same behind a source whose
-every read waits 10 ms (network storage), and MNIST as PNG files (decoded by Pillow). Each
+every read waits 10 ms (network storage), and MNIST as PNG files (decoded by OpenCV). Each
 loader gives the seconds to its first batch (its start: an epoch starts one, unless the workers
 persist) and batches/s after it over --batches batches, the best of --repeats; each loader runs
 in its own process, taking turns.

@@ -203,9 +203,10 @@ def data() -> str:
                                     ("in memory", "waiting, read in the step",
                                      "waiting, workers auto")),
                 f"{row['hidden']:.2f}"] for row in figures["rows"]]  # fmt: skip
-    decoding = [[row["framework"], *(f"{row[name]['images_per_second']:.0f}, "
-                                     f"{100 * row[name]['test_accuracy']:.2f}%"
-                                     for name in ("in memory", "png files")),
+    decoding = [[row["framework"], str(row["processes"]),
+                 *(f"{row[name]['images_per_second']:.0f}"
+                   + (f", {100 * row[name]['test_accuracy']:.2f}%" if row["processes"] == 2 else "")
+                   for name in ("in memory", "png files")),
                  f"{row['over_memory']:.2f}"] for row in figures["decoding"]]  # fmt: skip
     return "\n".join([
         f"`python -m benchmarks.data`, mnist_cnn at np=2, best of {figures['repeats']} "
@@ -215,8 +216,9 @@ def data() -> str:
         table(["framework", "in memory", "waiting, read in the step", "waiting, workers auto",
                "auto over memory"], waiting), "",
         "The whole recipe (2 epochs) from MNIST's 70,000 PNG files (decoded by the workers) and "
-        "from MNIST in memory, images/s and test accuracy:", "",
-        table(["framework", "in memory", "PNG files", "PNG over memory"], decoding), "",
+        "from MNIST in memory, images/s and test accuracy; at np=1, one epoch of each (one rank, "
+        "its passes on both cores):", "",
+        table(["framework", "np", "in memory", "PNG files", "PNG over memory"], decoding), "",
     ])  # fmt: skip
 
 
@@ -253,6 +255,23 @@ def memory() -> str:
     ])  # fmt: skip
 
 
+def against() -> str:
+    """docs/data.md's table: the default recipe in this tree against the tree before the data
+    pipeline."""
+    figures = results("against")
+    commit = figures["against"]
+    rows = [[row["framework"], *(", ".join(f"{value:.0f}" for value in row[name])
+                                 for name in (commit, "this tree")),
+             f"{row['over']:.2f}"] for row in figures["rows"]]  # fmt: skip
+    return "\n".join([
+        f"`python -m benchmarks.against {commit}`, {figures['pairs']} pairs ({when(figures)}; "
+        "`docs/results/against.json`). One epoch of the default recipe (mnist_cnn, MNIST in "
+        "memory) at np=2, images/s of each run, the two trees taking turns:", "",
+        table(["framework", f"before the data pipeline ({commit})", "with it",
+               "best over best"], rows), "",
+    ])  # fmt: skip
+
+
 def table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
@@ -271,6 +290,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "data": data,
     "loaders": loaders,
     "memory": memory,
+    "against": against,
 }
 
 

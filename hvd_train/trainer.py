@@ -116,7 +116,7 @@ class Trainer:
         loading = self.recipe.loading
         self.workers = workers_for(loading.workers, self.data.train, adapter.threads_per_rank())
         total = 0.0
-        augment = augmentation(self.recipe.transforms().training, self.seed, epoch)
+        augment = augmentation(self.recipe.transforms(), self.seed, epoch)
         reading = read_ahead(self.data.train, shard[first_step:steps], self.workers,
                              loading.prefetch, augment, loading.timeout)  # fmt: skip
         with closing(reading) as batches:

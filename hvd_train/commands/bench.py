@@ -68,7 +68,7 @@ def time_rank(
         parts `run` returns."""
         adapter.allreduce_sum(np.zeros(1))  # every rank starts the phase together
         started, parts = time.perf_counter(), np.zeros(4)
-        augment = augmentation(recipe.transforms().training, 0, 0)
+        augment = augmentation(recipe.transforms(), 0, 0)
         ahead = read_ahead(data.train, batches, workers, recipe.loading.prefetch, augment)
         with closing(ahead) as taken_steps:
             for index in range(len(batches)):

@@ -19,7 +19,6 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from io import BytesIO
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from hvd_train.data.base import Splits, cache_root
+from hvd_train.data.base import Splits, cache_root, located
 from hvd_train.data.folder import decode_image
 from hvd_train.errors import UsageError
 from hvd_train.recipe.settings import Data
@@ -57,7 +56,7 @@ class ParquetTable:
             column = pc.struct_field(column, "bytes")
         if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
             x = np.stack([
-                decode_image(BytesIO(encoded), self.where(int(index)), self.shape, self.resize,
+                decode_image(encoded, self.where(int(index)), self.shape, self.resize,
                              FIX)
                 for encoded, index in zip(column.to_pylist(), indices, strict=True)
             ])  # fmt: skip
@@ -82,8 +81,7 @@ class ParquetTable:
 
     def where(self, index: int) -> str:
         """The file and row of example `index`, for messages."""
-        file = int(np.searchsorted(self.starts, index, side="right")) - 1
-        return f"{self.files[file]} row {index - self.starts[file]} (example {index})"
+        return located(self.files, self.starts, index, "row")
 
 
 def _numbers_in(lists: pa.Array) -> tuple[np.ndarray, pa.Array]:

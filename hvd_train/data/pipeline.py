@@ -5,7 +5,7 @@ the batches can be taken while the steps before them run: `workers` threads each
 batches (`take`: read, decode, cast), up to `prefetch` batches ahead, and hand them over in
 order. Which examples a batch holds never depends on the workers, so a run reads the same with
 any setting, and a resumed run starts the reading at its step. Threads suit waiting on storage
-and decoders that let go of Python's lock (NumPy's, Pillow's). Why Grain: docs/data.md.
+and decoders that let go of Python's lock (NumPy's, OpenCV's). Why Grain: docs/data.md.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import sys
 import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
@@ -20,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from hvd_train.data.base import ArrayDataset, Dataset, on_disk, take
-from hvd_train.data.transforms import Transform, apply
+from hvd_train.data.transforms import Transforms, apply
 from hvd_train.errors import DataStalled
 from hvd_train.recipe.settings import Loading
 
+SWITCH_INTERVAL_S = 0.0005
 Step = list[np.ndarray]  # a step's batches of indices, one per backward pass
 Taken = list[tuple[Any, Any]]  # the step's batches, taken
 
@@ -58,16 +60,23 @@ def read_ahead(
     source = grain.MapDataset.source(steps).map(lambda step: take_step(dataset, step, augment))
     options = grain.ReadOptions(num_threads=workers, prefetch_buffer_size=prefetch)
     iterator = iter(source.to_iter_dataset(options))
+    # The step's thread waits for Python's lock while a worker runs Python code (a decoder's),
+    # up to the switch interval after each framework call: 5 ms by default, shortened while the
+    # workers read (docs/data.md, "Decoding").
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
     try:
         yield from _within(timeout, iterator, steps)
     finally:
+        sys.setswitchinterval(interval)
         iterator.close()
 
 
 def _within(timeout: float, iterator: Iterator[Taken], steps: Sequence[Step]) -> Iterator[Taken]:
     """`iterator`'s batches, each waited for `timeout` seconds at most. A thread of its own
     takes them from Grain's iterator (whose `next` has no timeout) and hands them over, one at
-    a time; it ends with the iterator, or once this generator is closed."""
+    a time; it ends with the iterator, or once this generator is closed. Besides Grain's
+    `prefetch`, it holds two: the one handed over and the next it waits to hand."""
     handed: queue.Queue[tuple[Taken | None, BaseException | None]] = queue.Queue(maxsize=1)
     closed = threading.Event()
 
@@ -109,12 +118,13 @@ def _within(timeout: float, iterator: Iterator[Taken], steps: Sequence[Step]) ->
         closed.set()
 
 
-def augmentation(training: Sequence[Transform], seed: int, epoch: int) -> Augment | None:
+def augmentation(transforms: Transforms, seed: int, epoch: int) -> Augment | None:
     """The training transforms for epoch `epoch`, each example drawing from (seed, epoch, its
     index); None without any."""
-    if not training:
+    if not transforms.training:
         return None
-    return functools.partial(apply, training, seed=seed, epoch=epoch)
+    return functools.partial(apply, transforms.training, seed=seed, epoch=epoch,
+                             random=transforms.random)  # fmt: skip
 
 
 def take_step(dataset: Dataset, step: Step, augment: Augment | None = None) -> Taken:

@@ -18,7 +18,8 @@ import numpy as np
 
 from hvd_train.errors import UsageError
 
-Transform = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+# An example's input, and its generator (None for the deterministic ones) -> the input.
+Transform = Callable[[np.ndarray, Any], np.ndarray]
 
 
 def random_crop(padding: int) -> Transform:
@@ -84,6 +85,11 @@ class Transforms:
     training: tuple[Transform, ...]
     evaluation: tuple[Transform, ...]
 
+    @property
+    def random(self) -> bool:
+        """Whether a training transform draws random numbers."""
+        return len(self.training) > len(self.evaluation)
+
 
 def parse_transforms(entries: Sequence[Any]) -> Transforms:
     """`[data] transforms` checked: each entry a table with a known `type` and its parameters;
@@ -132,9 +138,11 @@ def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 def apply(
-    transforms: Sequence[Transform], x: Any, indices: np.ndarray, *, seed: int, epoch: int
-) -> Any:
-    """The batch `x` (examples `indices`) with each example transformed by its own numbers.
+    transforms: Sequence[Transform], x: Any, indices: np.ndarray, *, seed: int, epoch: int,
+    random: bool = True,
+) -> Any:  # fmt: skip
+    """The batch `x` (examples `indices`) with each example transformed by its own numbers
+    (`random`: deterministic transforms get no generator, which costs more than they do).
     Named inputs (a dict) are transformed an example's dict at a time, keeping their dtypes."""
     if not transforms:
         return x
@@ -142,7 +150,7 @@ def apply(
     examples = [{k: v[i] for k, v in x.items()} for i in range(len(indices))] if named else x
     transformed = []
     for example, index in zip(examples, indices, strict=True):
-        rng = example_rng(seed, epoch, int(index))
+        rng = example_rng(seed, epoch, int(index)) if random else None
         for transform in transforms:
             example = transform(example, rng)
         transformed.append(example if named else np.asarray(example, np.float32))
@@ -163,4 +171,5 @@ class Transformed:
 
     def __getitem__(self, indices: np.ndarray) -> tuple[Any, Any]:
         x, y = self.dataset[indices]
-        return apply(self.transforms, np.asarray(x, np.float32), indices, seed=0, epoch=0), y
+        x = np.asarray(x, np.float32)
+        return apply(self.transforms, x, indices, seed=0, epoch=0, random=False), y

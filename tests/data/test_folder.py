@@ -46,9 +46,13 @@ def test_the_images_are_mnists_own_pixels_with_their_class_folders_labels(mnist_
 
 
 def test_resize_makes_every_image_the_input_shape(mnist_folder):
-    splits = load_data(folder(mnist_folder, input_shape=(14, 14, 3), resize=True), None)
+    splits = load_data(folder(mnist_folder, input_shape=(7, 7, 3), resize=True), None)
     x, _ = take(splits.test, np.arange(3))
-    assert x.shape == (3, 14, 14, 3) and (x[..., 0] == x[..., 2]).all()  # grey as RGB
+    assert x.shape == (3, 7, 7, 3) and (x[..., 0] == x[..., 2]).all()  # grey as RGB
+    # Shrunk by area: each pixel is the mean of its 4x4 block, rounded to 8 bits.
+    full, _ = take(load_data(folder(mnist_folder), None).test, np.arange(3))
+    blocks = (full[..., 0] * 255).reshape(3, 7, 4, 7, 4).mean((2, 4))
+    np.testing.assert_allclose(x[..., 0] * 255, blocks, atol=0.5 + 1e-4)
 
 
 def copy_of(mnist_folder, tmp_path):

@@ -2,6 +2,7 @@
 error raised in the step that needs the batch, a batch that never comes raised after the
 timeout, the threads gone once the epoch is left."""
 
+import sys
 import threading
 import time
 
@@ -60,6 +61,15 @@ def test_workers_read_several_batches_at_once():
     for _ in read_ahead(source, steps, workers=4, prefetch=4):
         pass
     assert source.most_at_once >= 3, source.most_at_once
+
+
+def test_the_step_waits_less_for_pythons_lock_while_workers_read():
+    before = sys.getswitchinterval()
+    reading = read_ahead(SlowSource(64, 0.0), steps_of(64), workers=2, prefetch=2)
+    next(reading)
+    assert sys.getswitchinterval() <= 0.0005 < before
+    reading.close()
+    assert sys.getswitchinterval() == before
 
 
 def test_a_failing_read_is_raised_by_the_step_that_needs_it():

@@ -59,11 +59,29 @@ def test_workers_augment_exactly_what_the_step_would():
     dataset = type("Arrays", (), {"__len__": lambda self: 64,
                                    "__getitem__": lambda self, i: (x[i], i % 3)})()  # fmt: skip
     steps = shard_steps(epoch_order(64, 0, 0), 0, 2, 4, 1)
-    augment = augmentation(parse_transforms(CROP_FLIP_NORMALIZE).training, seed=5, epoch=0)
+    augment = augmentation(parse_transforms(CROP_FLIP_NORMALIZE), seed=5, epoch=0)
     alone = list(read_ahead(dataset, steps, 0, 2, augment))
     ahead = list(read_ahead(dataset, steps, 3, 2, augment))
     for (a,), (b,) in zip(alone, ahead, strict=True):
         np.testing.assert_array_equal(a[0], b[0])
+
+
+def test_deterministic_transforms_draw_no_numbers(monkeypatch):
+    # An example's generator costs more than normalising it: only random transforms get one.
+    drawn = []
+
+    def example_rng(*key):
+        drawn.append(key)
+        return np.random.default_rng(key)
+
+    monkeypatch.setattr("hvd_train.data.transforms.example_rng", example_rng)
+    normalize = parse_transforms(CROP_FLIP_NORMALIZE[2:])
+    augment = augmentation(normalize, seed=5, epoch=0)
+    x = images(4)
+    np.testing.assert_allclose(augment(x, np.arange(4)), (x - [0.5, 0.25]) / [2, 4], rtol=1e-6)
+    assert drawn == []
+    augmentation(parse_transforms(CROP_FLIP_NORMALIZE[1:]), seed=5, epoch=0)(x, np.arange(4))
+    assert len(drawn) == 4
 
 
 def test_evaluation_takes_the_deterministic_transforms_only():
