@@ -67,8 +67,8 @@ def decode_image(
                 f"{where} cannot be read ({error.strerror}); {fix}, then continue with --resume"
             ) from None
     mode = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
-    image = cv2.imdecode(np.frombuffer(source, np.uint8), mode | cv2.IMREAD_IGNORE_ORIENTATION) \
-        if source else None  # fmt: skip
+    flags = mode | cv2.IMREAD_IGNORE_ORIENTATION  # as Pillow: EXIF orientation not applied
+    image = cv2.imdecode(np.frombuffer(source, np.uint8), flags) if source else None
     if image is None:
         raise UsageError(f"{where} is not a readable image; {fix}, then continue with --resume")
     if channels == 3:

@@ -14,6 +14,7 @@ methods: `rename_column`, `select_columns`, `cast_column`, `map`.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +23,15 @@ import numpy as np
 from hvd_train.errors import UsageError
 
 LABEL = "label"
+KINDS = ("Dataset", "DatasetDict", "IterableDataset", "IterableDatasetDict")
 
 
 def is_hugging_face(part: Any) -> bool:
-    """Whether `part` is one of `datasets`' dataset objects (without importing it)."""
-    return type(part).__module__.split(".")[0] == "datasets"
+    """Whether `part` is one of `datasets`' dataset objects (a recipe that hands one over has
+    imported it; it is not imported here)."""
+    datasets = sys.modules.get("datasets")
+    kinds = tuple(getattr(datasets, name) for name in KINDS if hasattr(datasets, name))
+    return isinstance(part, tuple(kind for kind in kinds if isinstance(kind, type)))
 
 
 def hugging_face(part: Any, what: str) -> HubDataset:

@@ -144,6 +144,17 @@ def test_mistakes_are_one_line_naming_the_part_and_the_example():
             splits_of(part, good)
 
 
+def test_a_users_own_dataset_from_a_module_named_datasets_stays_their_own():
+    rows = {
+        "__module__": "datasets",
+        "__len__": lambda self: 2,
+        "__getitem__": lambda self, i: (np.ones((len(i), 3)), np.zeros(len(i), np.int64)),
+    }
+    own = type("Own", (), rows)()  # fmt: skip
+    x, y = take(splits_of(own, own).train, np.arange(2))
+    assert x.shape == (2, 3) and list(y) == [0, 0]
+
+
 RECIPE = """
 import datasets, keras, numpy as np, os
 from hvd_train import Optimizer, Recipe, Schedule
