@@ -52,10 +52,13 @@ def normalize(mean: Sequence[float], std: Sequence[float]) -> Transform:
 
 
 def resize(height: int, width: int) -> Transform:
-    """Bilinear, channel by channel (Pillow's float images)."""
+    """Bilinear, channel by channel (Pillow's float images); an image, or a batch of them."""
 
     def resized(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         from PIL import Image
+
+        if x.ndim == 4:
+            return np.stack([resized(image, rng) for image in x])
 
         channels = [
             np.asarray(
@@ -141,11 +144,16 @@ def apply(
     transforms: Sequence[Transform], x: Any, indices: np.ndarray, *, seed: int, epoch: int,
     random: bool = True,
 ) -> Any:  # fmt: skip
-    """The batch `x` (examples `indices`) with each example transformed by its own numbers
-    (`random`: deterministic transforms get no generator, which costs more than they do).
+    """The batch `x` (examples `indices`) with each example transformed by its own numbers.
+    Without `random`, the transforms are the deterministic built-ins, which take the whole
+    batch at once (an example's generator, and a call per example, cost more than they do).
     Named inputs (a dict) are transformed an example's dict at a time, keeping their dtypes."""
     if not transforms:
         return x
+    if not random and not isinstance(x, dict):
+        for transform in transforms:
+            x = transform(np.asarray(x, np.float32), None)
+        return np.asarray(x, np.float32)
     named = isinstance(x, dict)
     examples = [{k: v[i] for k, v in x.items()} for i in range(len(indices))] if named else x
     transformed = []

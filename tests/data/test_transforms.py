@@ -135,3 +135,14 @@ def test_resize_gives_every_channel_the_new_size():
     y = resize(x, None)
     assert y.shape == (3, 4, 2)
     np.testing.assert_allclose(y, np.stack([np.full((3, 4), 0.25), np.full((3, 4), 0.75)], -1))
+
+
+def test_deterministic_transforms_take_the_batch_whole_as_they_would_each_example():
+    transforms = parse_transforms(
+        [{"type": "resize", "height": 3, "width": 4}, *CROP_FLIP_NORMALIZE[2:]]
+    ).evaluation
+    x, indices = images(5), np.arange(5)
+    whole = apply(transforms, x, indices, seed=0, epoch=0, random=False)
+    each = apply(transforms, x, indices, seed=0, epoch=0)
+    assert whole.shape == (5, 3, 4, 2) and whole.dtype == np.float32
+    np.testing.assert_array_equal(whole, each)
