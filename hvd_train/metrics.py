@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,21 @@ def write_error(path: Path, error: OSError) -> str:
         f"cannot write {path} ({error.strerror or error}); free space or fix the folder's "
         "permissions, or choose another --output-dir (the checkpoints written so far are intact)"
     )
+
+
+def _summary_writer_class() -> Any:
+    """tensorboardX's SummaryWriter. Its module imports torch, where installed, only to accept
+    torch tensors: seconds of a TensorFlow run's start and torch's libraries beside TensorFlow's.
+    Where torch is not loaded yet it is hidden from that import (the records are floats)."""
+    hidden = "torch" not in sys.modules
+    if hidden:
+        sys.modules["torch"] = None  # type: ignore[assignment]  # an import of it fails
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if hidden:
+            del sys.modules["torch"]
+    return SummaryWriter
 
 
 class MetricsWriter:
@@ -54,8 +70,7 @@ class MetricsWriter:
 
     def _board(self, record: dict[str, Any]) -> None:
         if self.board is None:
-            from tensorboardX import SummaryWriter
-
+            SummaryWriter = _summary_writer_class()
             if not self.path.parent.is_dir():  # gone: do not let TensorBoard make it anew
                 raise FileNotFoundError(errno.ENOENT, "No such file or directory")
 

@@ -2,6 +2,8 @@
 run going back to an earlier point does to them."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -74,3 +76,19 @@ def test_an_unwritable_summary_is_one_usage_error(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text()) == {"test_accuracy": 0.99}
     with pytest.raises(UsageError, match=r"cannot write .*/gone/summary.json \(No such file"):
         write_summary(tmp_path / "gone", {})
+
+
+def test_recording_loads_no_torch_where_the_run_has_none(tmp_path):
+    # A TensorFlow run's rank 0: tensorboardX would import torch only to accept its tensors.
+    script = (
+        "import sys; from pathlib import Path; from hvd_train.metrics import MetricsWriter\n"
+        f"metrics = MetricsWriter(Path({str(tmp_path)!r}), train_size=1000)\n"
+        "metrics.enabled = True\n"
+        "metrics.train(1, 10, 640, 0.5, 0.001, 1234.56, 7.891)\n"
+        "metrics.close()\n"
+        "print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert result.stdout.split() == ["False"], result.stdout + result.stderr
+    assert list(tmp_path.glob("events.out.tfevents.*"))

@@ -41,7 +41,6 @@ from hvd_train.adapters.base import (
     T,
     buckets,
 )
-from hvd_train.builders import keras_models
 from hvd_train.data.base import batch_size
 from hvd_train.errors import UsageError
 from hvd_train.recipe.settings import Horovod, Optimizer
@@ -144,6 +143,9 @@ class KerasOnTorch:
     and seed generators, and its weights in the "keras" layout."""
 
     def __init__(self, model: Any) -> None:
+        from hvd_train.builders import keras_models  # Keras only for a Keras model: seconds
+
+        self.keras_models = keras_models
         self.module = model
         self.seed_states = keras_models.seed_states(model)
 
@@ -169,10 +171,10 @@ class KerasOnTorch:
         return {v.path: v.value for v in self.module.weights}
 
     def weights(self) -> Arrays:
-        return keras_models.weights(self.module)
+        return self.keras_models.weights(self.module)
 
     def load_weights(self, weights: Arrays) -> None:
-        keras_models.load_weights(self.module, weights)
+        self.keras_models.load_weights(self.module, weights)
 
 
 class ElasticTorchState(ObjectState):

@@ -338,7 +338,11 @@ def load_mnist(data_dir: Path | None) -> Splits:
     arrays = mnist_arrays(data_dir)
 
     def normalise(images: np.ndarray) -> np.ndarray:
-        return ((images.astype(np.float32) / 255.0 - MEAN) / STD)[..., np.newaxis]
+        pixels = images.astype(np.float32)  # in place from here: no temporary copies
+        pixels /= 255.0
+        pixels -= MEAN
+        pixels /= STD
+        return pixels[..., np.newaxis]
 
     return Splits(
         train=ArrayDataset(normalise(arrays["train_images"]), arrays["train_labels"]),
