@@ -13,6 +13,7 @@ index, when its batch is read.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,38 +40,60 @@ class ImageFolder:
         return len(self.files)
 
     def __getitem__(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        x = np.stack([self.image(int(index)) for index in indices])
+        paths = [self.files[index].decode() for index in indices]
+        x = decode_images(paths, lambda i: f"{paths[i]} (example {indices[i]})", self.shape,
+                          self.resize, "replace or remove it")  # fmt: skip
         return x, self.labels[indices]
 
-    def image(self, index: int) -> np.ndarray:
-        path = self.files[index].decode()
-        return decode_image(path, f"{path} (example {index})", self.shape, self.resize,
-                            "replace or remove it")  # fmt: skip
 
-
-def decode_image(
-    source: str | bytes, where: str, shape: tuple[int, int, int], resize: bool, fix: str
+def decode_images(
+    sources: Sequence[str | bytes],
+    where: Callable[[int], str],
+    shape: tuple[int, int, int],
+    resize: bool,
+    fix: str,
 ) -> np.ndarray:
-    """The image in `source` (a file's path, or its bytes), decoded by OpenCV to `shape`
-    (height, width, channels) with pixels in [0, 1]; resized to it where `resize` is set (by
-    area when shrinking, bilinear when enlarging). A mistake names `where` (the file, and the
-    example's index) and how to `fix` it. OpenCV rather than Pillow: it decodes MNIST's PNG
-    files several times as fast, with the GIL released (docs/data.md, "Decoding")."""
+    """The images in `sources` (files' paths, or their bytes), decoded by OpenCV to `shape`
+    (height, width, channels) and stacked: float32 pixels in [0, 1], scaled once for the whole
+    batch. Resized to `shape` where `resize` is set (by area when shrinking, bilinear when
+    enlarging). A mistake names `where(i)` for the i-th source (the file, and the example's
+    index) and how to `fix` it. OpenCV rather than Pillow: it decodes MNIST's PNG files several
+    times as fast, and reads and decodes a file with the GIL released (docs/data.md,
+    "Decoding")."""
+    pixels = np.stack([_decode(source, where, i, shape, resize, fix)
+                       for i, source in enumerate(sources)])  # fmt: skip
+    batch = pixels.reshape(len(sources), *shape).astype(np.float32)
+    batch /= 255.0
+    return batch
+
+
+def _decode(
+    source: str | bytes,
+    where: Callable[[int], str],
+    i: int,
+    shape: tuple[int, int, int],
+    resize: bool,
+    fix: str,
+) -> np.ndarray:
+    """One image as uint8 (height, width[, channels])."""
     cv2 = _opencv()
     height, width, channels = shape
-    if isinstance(source, str):
-        try:
-            with open(source, "rb") as file:
-                source = file.read()
-        except OSError as error:
-            raise UsageError(
-                f"{where} cannot be read ({error.strerror}); {fix}, then continue with --resume"
-            ) from None
     mode = cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR
     flags = mode | cv2.IMREAD_IGNORE_ORIENTATION  # as Pillow: EXIF orientation not applied
-    image = cv2.imdecode(np.frombuffer(source, np.uint8), flags) if source else None
+    if isinstance(source, str):
+        image = cv2.imread(source, flags)
+        if image is None:  # a file it cannot read, or not an image
+            try:
+                open(source, "rb").close()
+            except OSError as error:
+                raise UsageError(
+                    f"{where(i)} cannot be read ({error.strerror}); {fix}, then continue with "
+                    "--resume"
+                ) from None
+    else:
+        image = cv2.imdecode(np.frombuffer(source, np.uint8), flags) if source else None
     if image is None:
-        raise UsageError(f"{where} is not a readable image; {fix}, then continue with --resume")
+        raise UsageError(f"{where(i)} is not a readable image; {fix}, then continue with --resume")
     if channels == 3:
         image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
     if resize and image.shape[:2] != (height, width):
@@ -79,11 +102,11 @@ def decode_image(
         image = cv2.resize(image, (width, height), interpolation=method)
     if image.shape[:2] != (height, width):
         raise UsageError(
-            f"{where} is {image.shape[1]}x{image.shape[0]}, and data.input_shape asks for "
+            f"{where(i)} is {image.shape[1]}x{image.shape[0]}, and data.input_shape asks for "
             f"{width}x{height}; set data.resize = true to resize every image, or give the "
             "images' size"
         )
-    return (image.astype(np.float32) / 255.0).reshape(shape)
+    return image
 
 
 @functools.cache

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hvd_train.data.base import Splits, cache_root, located
-from hvd_train.data.folder import decode_image
+from hvd_train.data.folder import decode_images
 from hvd_train.errors import UsageError
 from hvd_train.recipe.settings import Data
 
@@ -55,11 +55,8 @@ class ParquetTable:
         if pa.types.is_struct(column.type):  # Hugging Face's Image feature
             column = pc.struct_field(column, "bytes")
         if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-            x = np.stack([
-                decode_image(encoded, self.where(int(index)), self.shape, self.resize,
-                             FIX)
-                for encoded, index in zip(column.to_pylist(), indices, strict=True)
-            ])  # fmt: skip
+            x = decode_images(column.to_pylist(), lambda i: self.where(int(indices[i])),
+                              self.shape, self.resize, FIX)  # fmt: skip
         else:
             x = self.pixels(column, indices)
         return x, labels.to_numpy().astype(np.int64)
