@@ -65,6 +65,7 @@ def copy_of(mnist_folder, tmp_path):
     [
         (lambda f: f.write_bytes(b"not an image"), "is not a readable image"),
         (lambda f: f.write_bytes(f.read_bytes()[:60]), "is not a readable image"),
+        (lambda f: f.unlink(), r"cannot be read \(No such file or directory\); replace or remove"),
         (lambda f: Image.new("L", (20, 28)).save(f, format="PNG"),
          "is 20x28, and data.input_shape asks for 28x28; set data.resize = true"),
     ],
@@ -74,8 +75,8 @@ def test_a_bad_image_is_named_with_its_example_when_its_batch_is_read(
 ):
     root = copy_of(mnist_folder, tmp_path)
     bad = sorted((root / "train" / "0").iterdir())[0]
-    damage(bad)
     splits = load_data(folder(root), None)  # the files are only listed here
+    damage(bad)
     take(splits.train, np.arange(1, LIMIT))
     with pytest.raises(UsageError, match=f"^{bad} \\(example 0\\) {message}") as error:
         take(splits.train, np.arange(LIMIT))
