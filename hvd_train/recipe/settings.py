@@ -18,7 +18,6 @@ DATASETS = ("mnist", "npz", "folder", "parquet", "records", "synthetic")
 LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCALING = ("linear", "sqrt", "none")
-DECAYS = ("none", "cosine")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10
 
@@ -187,9 +186,23 @@ class Schedule(Settings):
     batch_size: int = setting(64, kind=int, positive=True)  # per rank
     lr_scaling: str = setting("linear", kind=str, choices=LR_SCALING)
     warmup_epochs: float = setting(0.0, kind=float, minimum=0.0)
-    decay: str = setting("none", kind=str, choices=DECAYS)
+    decay: Any = "none"  # a name, a table or a function: hvd_train/schedule.py
     # Mixed precision: the passes compute in bf16 or fp16, the weights stay fp32.
     precision: str = setting("fp32", kind=str, choices=PRECISIONS)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from hvd_train.schedule import parse_decay
+
+        parse_decay(self.decay)
+
+    def table(self) -> dict[str, Any]:
+        """As every table's, with a Python recipe's own decay function by its name."""
+        table = super().table()
+        if callable(self.decay):
+            name = getattr(self.decay, "__qualname__", repr(self.decay))
+            table["decay"] = f"python function {name}"
+        return table
 
 
 @dataclass(frozen=True)
