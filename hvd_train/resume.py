@@ -17,6 +17,7 @@ from hvd_train.checkpoint import Checkpoint, checkpoints, load_newest_valid
 from hvd_train.errors import UsageError
 from hvd_train.position import Position
 from hvd_train.recipe import Recipe, load_recipe
+from hvd_train.recipe.settings import PYTHON_FUNCTION
 from hvd_train.recipe.toml import parse_toml_recipe
 
 # What a resumed run may change: how batches are read never changes what they hold.
@@ -76,7 +77,7 @@ def saved_recipe(state: dict[str, Any], recipe_text: str, reference: str | None 
         f"{section}.{key}": value
         for section in ("data", "optimizer", "schedule", "horovod")
         for key, value in tables.get(section, {}).items()
-        if key != "python"
+        if key != "python" and not (isinstance(value, str) and value.startswith(PYTHON_FUNCTION))
     }
     return recipe.with_overrides(saved)
 

@@ -168,7 +168,7 @@ class LearningRateSchedule:
         assert self.decay == "one_cycle"  # torch's OneCycleLR, its phases' ends as torch puts them
         start, low = 1.0 / p["div_factor"], 1.0 / (p["div_factor"] * p["final_div_factor"])
         peak_at, last = p["pct_start"] * steps - 1.0, steps - 1.0
-        if 0 < peak_at and after <= peak_at:
+        if peak_at > 0 and after <= peak_at:
             return _cosine_between(start, 1.0, after / peak_at)
         return _cosine_between(1.0, low, (after - max(peak_at, 0.0)) / max(1.0, last - peak_at))
 

@@ -11,6 +11,7 @@ from hvd_train.checkpoint import Checkpoint, checkpoint_name
 from hvd_train.errors import UsageError
 from hvd_train.position import Position
 from hvd_train.recipe import load_recipe
+from hvd_train.recipe.toml import recipe_toml
 from hvd_train.resume import (
     check_continues,
     check_layout,
@@ -18,6 +19,7 @@ from hvd_train.resume import (
     check_weights_fit,
     resumed_option,
     saved_framework,
+    saved_recipe,
 )
 
 WEIGHTS = {"layer0.kernel": np.zeros((3, 3, 1, 8), np.float32), "layer0.bias": np.zeros(8)}
@@ -83,3 +85,20 @@ def test_a_run_resumes_in_its_framework_and_only_to_train_on():
         check_continues(checkpoint(), "tensorflow", Position(1, 0), 2, Path("run"))
     with pytest.raises(UsageError, match="already finished 2 epochs; raise --epochs"):
         check_continues(checkpoint(), "torch", Position(2, 0), 2, Path("run"))
+
+
+def test_a_python_recipes_own_decay_resumes_from_its_code(tmp_path):
+    source = tmp_path / "mine.py"
+    source.write_text(
+        "import torch\n"
+        "from hvd_train import Recipe, Schedule\n"
+        "def halve(step, steps):\n    return 0.5\n"
+        "recipe = Recipe(data=lambda: None, torch_model=lambda: torch.nn.Linear(2, 2),\n"
+        "                schedule=Schedule(epochs=3, decay=halve))\n"
+    )
+    recipe = load_recipe(str(source))
+    assert recipe.settings_table()["schedule"]["decay"] == "python function halve"
+    state = {"path": str(tmp_path), "layout": "torch", "recipe_source": str(source)}
+    saved = saved_recipe(state, recipe_toml(recipe))
+    assert saved.schedule.decay.__name__ == "halve" and saved.schedule.epochs == 3
+    check_same_run(saved, recipe, "ckpt")

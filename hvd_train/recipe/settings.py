@@ -20,6 +20,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCALING = ("linear", "sqrt", "none")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10
+# How a table records a Python recipe's own function (a decay): by name, which its code gives back.
+PYTHON_FUNCTION = "python function "
 
 
 def setting(default: Any = dataclasses.MISSING, **rule: Any) -> Any:
@@ -201,7 +203,7 @@ class Schedule(Settings):
         table = super().table()
         if callable(self.decay):
             name = getattr(self.decay, "__qualname__", repr(self.decay))
-            table["decay"] = f"python function {name}"
+            table["decay"] = f"{PYTHON_FUNCTION}{name}"
         return table
 
 
