@@ -12,6 +12,9 @@ from tests.conftest import FRAMEWORKS
 from tests.helpers import hvd_train
 from tests.test_cli import assert_usage_error
 
+# Each test trains in a process of its own: make test runs them, test-quick not.
+pytestmark = pytest.mark.slow
+
 RECIPE = """
 import keras
 import numpy as np
@@ -105,3 +108,4 @@ def test_what_the_loss_and_metrics_cannot_take_is_one_line(
     result = hvd_train("--recipe", recipe, "--output-dir", str(tmp_path / "r"))
     assert_usage_error(result, message)
     assert not list((tmp_path / "r").glob("checkpoints/*"))
+

@@ -27,9 +27,11 @@ def test_the_package_imports_no_framework():
 
 # What a training process of the packaged recipe loads besides its binding: Keras comes with
 # TensorFlow; under torch it would cost seconds of every start, and torch would under TensorFlow.
-LOADED = {"torch": ["torch"], "tensorflow": ["keras", "tensorflow"]}
+# Nor does MNIST load pyarrow (Parquet's reader), but TensorFlow's import does (through pandas).
+LOADED = {"torch": ["torch"], "tensorflow": ["keras", "pyarrow", "tensorflow"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_training_process_loads_only_its_own_binding(framework, mnist_dir, tmp_path):
     arguments = ["--framework", framework, "--data-dir", str(mnist_dir), "--epochs", "1",
@@ -38,7 +40,7 @@ def test_a_training_process_loads_only_its_own_binding(framework, mnist_dir, tmp
         "import sys\nfrom hvd_train.cli import main\n"
         f"assert main({arguments!r}) == 0\n"
         f"print(sorted(m for m in sys.modules if m in {set(BINDINGS.values())!r}))\n"
-        f"print(sorted(m for m in sys.modules if m in {set(BINDINGS)!r} | {{'keras'}}))"
+        f"print(sorted(m for m in sys.modules if m in {set(BINDINGS)!r} | {{'keras', 'pyarrow'}}))"
     )
     result = python(code)
     assert result.returncode == 0, result.stderr
@@ -47,6 +49,7 @@ def test_a_training_process_loads_only_its_own_binding(framework, mnist_dir, tmp
     assert frameworks == repr(LOADED[framework])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_an_adapter_refuses_to_load_beside_the_other_binding(framework):
     other = "tensorflow" if framework == "torch" else "torch"
@@ -59,6 +62,7 @@ def test_an_adapter_refuses_to_load_beside_the_other_binding(framework):
     assert f"RuntimeError: {BINDINGS[other]} is loaded already" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_a_keras_model_under_torch_never_loads_tensorflow(mnist_dir, tmp_path):
     recipe = REPO / "recipes" / "examples" / "mnist_resnet_keras.py"

@@ -17,6 +17,9 @@ from hvd_train.recipe import load_recipe
 from tests.conftest import FRAMEWORKS
 from tests.reference import reference_logits
 
+# Each test starts an adapter in a process of its own: make test runs them, test-quick not.
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).resolve().parent
 # mnist_cnn's layout, written out: the neutral layout is a contract, not whatever the code says.
 MNIST_CNN_SHAPES = {

@@ -39,6 +39,7 @@ def test_a_quota_caps_the_cores_and_leaves_at_least_one(tmp_path):
     assert available_cores(tmp_path) == CORES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize(("given", "expected"), [(None, "3"), ("7", "7")])
 def test_horovod_cycles_every_3_ms_unless_the_environment_says(framework, given, expected):
@@ -50,6 +51,7 @@ def test_horovod_cycles_every_3_ms_unless_the_environment_says(framework, given,
     assert probe_output(probe, "HOROVOD_CYCLE_TIME", given) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("given", "expected"), [(None, "True"), ("0", "False")], ids=["default", "turned-off"]
 )
@@ -80,6 +82,7 @@ def probe_output(probe: str, variable: str, given: str | None) -> str:
     return result.stdout.split()[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.tensorflow
 @pytest.mark.parametrize(
     ("recipe", "overrides", "spare"),

@@ -10,6 +10,9 @@ import pytest
 
 from tests.conftest import REPO
 
+# Each test starts an adapter in a process of its own: make test runs them, test-quick not.
+pytestmark = pytest.mark.slow
+
 PROBE = """
 import sys
 from pathlib import Path
