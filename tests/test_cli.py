@@ -126,6 +126,8 @@ BAD_INPUTS = [
      "override schedule.epoch: unknown setting; use section.key"),
     ("override out of range", ["--set", "optimizer.momentum=1.5"],
      "override optimizer.momentum: 1.5 is out of range; it must be below 1.0"),
+    ("setting that needs another", ["--set", "optimizer.nesterov=true"],
+     'override optimizer.nesterov: Nesterov momentum needs name = "sgd" and a momentum above 0'),
     ("override of the wrong type", ["--set", "schedule.batch_size=big"],
      "override schedule.batch_size: expected int, got 'big'"),
     ("override without a value", ["--set", "epochs"],

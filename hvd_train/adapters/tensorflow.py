@@ -84,9 +84,14 @@ def _open_batch(array: np.ndarray) -> tf.TensorSpec:
 
 
 def _optimizer(config: Optimizer) -> keras.optimizers.Optimizer:
+    """The recipe's optimizer with torch's meaning of its settings, where Keras differs."""
     lr = config.learning_rate
     if config.name == "sgd":
-        return keras.optimizers.SGD(lr, momentum=config.momentum)
+        return keras.optimizers.SGD(lr, momentum=config.momentum, nesterov=config.nesterov)
+    if config.name == "rmsprop":
+        # torch divides by sqrt(v) + 1e-8, Keras by sqrt(v + epsilon): alike at v = 0, and
+        # within 1e-8 of each other beyond. torch's alpha is Keras's rho.
+        return keras.optimizers.RMSprop(lr, rho=0.99, momentum=config.momentum, epsilon=1e-16)
     if config.name == "adam":
         return keras.optimizers.Adam(lr, epsilon=1e-8)  # torch's epsilon, for parity
     return keras.optimizers.AdamW(lr, weight_decay=config.weight_decay, epsilon=1e-8)
@@ -125,13 +130,21 @@ class TensorFlowAdapter(Adapter):
             cross_entropy if loss == "cross_entropy" else loss  # type: ignore[assignment]
         )
         self.optimizer = _optimizer(optimizer)
+        variables = self.model.trainable_variables
+        types = keras_models.layer_types(model)
+        decays = [optimizer.decays(v.path, t) for v, t in zip(variables, types, strict=True)]
+        if optimizer.name == "adamw":  # before the build, as Keras asks
+            kept = [v for v, d in zip(variables, decays, strict=True) if not d]
+            self.optimizer.exclude_from_weight_decay(var_list=kept)
         self.scaled = precision == "fp16-mixed"
         if self.scaled:  # the loss scaled up, the gradients down (an overflow: a step skipped)
             self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
         # Slots exist from the start, so the first broadcast covers them too.
-        self.optimizer.build(self.model.trainable_variables)
-        # sgd and adam take weight decay as an L2 term in the gradient, as torch does.
-        self.l2 = optimizer.weight_decay if optimizer.name in ("sgd", "adam") else 0.0
+        self.optimizer.build(variables)
+        # sgd, adam and rmsprop take weight decay as an L2 term in the gradient, as torch does:
+        # each variable's factor (0 where weight_decay_exclude keeps it out).
+        coupled = optimizer.weight_decay if optimizer.name != "adamw" else 0.0
+        self.l2 = [coupled * d for d in decays] if coupled else []
         self.clip_norm = optimizer.gradient_clip_norm
         fp16 = horovod.fp16_compression
         self.compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
@@ -251,7 +264,8 @@ class TensorFlowAdapter(Adapter):
                                                   use_norm=norm * scale)  # fmt: skip
         variables = self.model.trainable_variables
         if self.l2:
-            gradients = [g + self.l2 * scale * v for g, v in zip(gradients, variables, strict=True)]
+            decayed = zip(gradients, variables, self.l2, strict=True)
+            gradients = [g + l2 * scale * v if l2 else g for g, v, l2 in decayed]
         self.optimizer.learning_rate.assign(learning_rate)
         self.optimizer.apply_gradients(zip(gradients, variables, strict=True))
         if self.scaled:  # an overflow is a step skipped, not a fault

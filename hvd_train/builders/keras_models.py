@@ -77,6 +77,20 @@ def neutral_names(model: keras.Model) -> list[str]:
     return [f"{v.path.split('/')[-2]}.{v.name}" for v in model.weights]
 
 
+def layer_types(model: keras.Model) -> list[str]:
+    """The type of the innermost listed layer holding each trainable variable, in the order of
+    `model.trainable_variables`."""
+    holder: dict[int, str] = {}
+
+    def visit(layer: keras.layers.Layer) -> None:
+        holder.update({id(v): type(layer).__name__ for v in layer.trainable_variables})
+        for inner in getattr(layer, "layers", []):
+            visit(inner)
+
+    visit(model)
+    return [holder[id(v)] for v in model.trainable_variables]
+
+
 def weights(model: keras.Model) -> dict[str, np.ndarray]:
     return {
         n: np.asarray(keras.ops.convert_to_numpy(v))

@@ -16,7 +16,7 @@ from hvd_train.rules import Rule
 
 DATASETS = ("mnist", "npz", "folder", "parquet", "records", "synthetic")
 LOSSES = ("cross_entropy",)
-OPTIMIZERS = ("sgd", "adam", "adamw")
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 LR_SCALING = ("linear", "sqrt", "none")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10
@@ -167,15 +167,39 @@ class Data(Settings):
 
 @dataclass(frozen=True)
 class Optimizer(Settings):
-    """The optimizer. For `sgd` and `adam`, `weight_decay` is an L2 term added to the gradient
-    (torch's meaning); `adamw` decays decoupled. `gradient_clip_norm` 0 turns clipping off."""
+    """The optimizer. For `sgd`, `adam` and `rmsprop`, `weight_decay` is an L2 term added to the
+    gradient (torch's meaning); `adamw` decays decoupled. `nesterov`: sgd's Nesterov momentum.
+    `weight_decay_exclude`: words that keep a parameter from weight decay where its name or its
+    layer's type holds one, in any case (["bias", "norm"]: biases and normalisation layers).
+    `gradient_clip_norm` 0 turns clipping off."""
 
     section = "optimizer"
     name: str = setting("adam", kind=str, choices=OPTIMIZERS)
     learning_rate: float = setting(0.001, kind=float, positive=True)  # for one process
     momentum: float = setting(0.0, kind=float, minimum=0.0, below=1.0)
+    nesterov: bool = setting(False, kind=bool)
     weight_decay: float = setting(0.0, kind=float, minimum=0.0)
+    weight_decay_exclude: tuple[str, ...] = ()
     gradient_clip_norm: float = setting(0.0, kind=float, minimum=0.0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        words = self.weight_decay_exclude
+        if not (isinstance(words, list | tuple) and all(type(w) is str and w for w in words)):
+            example = 'like ["bias", "norm"]'
+            raise self.fail("weight_decay_exclude", f"expected a list of words, {example}")
+        object.__setattr__(self, "weight_decay_exclude", tuple(words))
+        if self.nesterov and (self.name != "sgd" or self.momentum == 0):
+            raise self.fail(
+                "nesterov",
+                'Nesterov momentum needs name = "sgd" and a momentum above 0; set '
+                "optimizer.momentum (0.9 is usual), or leave nesterov out",
+            )
+
+    def decays(self, name: str, layer_type: str) -> bool:
+        """Whether weight decay applies to the parameter `name` of a layer of `layer_type`."""
+        text = f"{name} {layer_type}".lower()
+        return not any(word.lower() in text for word in self.weight_decay_exclude)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ and saves what the layout tests compare.
 usage: probe.py FRAMEWORK RECIPE DATA_DIR WEIGHTS.safetensors OUT.npz
 Saves `weights.<name>` after loading WEIGHTS, `logits` for the first 32 test examples, the
 framework's own count of trained numbers, `stepped.<name>` after a step at learning rate 0,
-and `optimizer.<name>` before and `restored.<name>`
-after an optimizer-state round trip.
+and `optimizer.<name>` before and `restored.<name>` after an optimizer-state round trip (two
+parameter groups).
 """
 
 import sys
@@ -39,12 +39,16 @@ saved["trained_parameters"] = np.array(trained)
 adapter.train_step([take(data.train, np.arange(64))], 0.0, 0, np.zeros(2))
 saved |= {f"stepped.{name}": array for name, array in run.weights().items()}
 
+# The biases in a parameter group of their own: the state keeps the parameters' order.
+grouped = recipe.with_overrides({"weight_decay_exclude": ["bias"]})
+adapter = open_run(framework, grouped, seed=0).adapter
 for step in range(2):  # give the optimizer some state
     batch = take(data.train, np.arange(64 * step, 64 * (step + 1)))
     adapter.train_step([batch], 0.001, step, np.zeros(2))
 state = adapter.optimizer_state()
-fresh = open_run(framework, recipe, seed=1).adapter
+fresh = open_run(framework, grouped, seed=1).adapter
 fresh.load_optimizer_state(state)
 saved |= {f"optimizer.{name}": array for name, array in state.items()}
 saved |= {f"restored.{name}": array for name, array in fresh.optimizer_state().items()}
+
 np.savez(out, **saved)

@@ -65,7 +65,8 @@ def test_short_run_learns_far_above_chance(first_run):
         "test_accuracy": summary["test_accuracy"],
     }
     assert summary["settings"]["optimizer"] == {"name": "adam", "learning_rate": 0.001,
-        "momentum": 0.0, "weight_decay": 0.0, "gradient_clip_norm": 0.0}  # fmt: skip
+        "momentum": 0.0, "nesterov": False, "weight_decay": 0.0, "weight_decay_exclude": [],
+        "gradient_clip_norm": 0.0}  # fmt: skip
 
 
 def test_tensorboard_reads_what_metrics_jsonl_says(first_run):
