@@ -10,24 +10,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import tempfile
 from pathlib import Path
 
-from benchmarks.run import BIN, PYTHON, ROOT, TENSORFLOW_ENVIRONMENT, machine
+from benchmarks.run import BIN, PYTHON, ROOT, environment, machine
 
 FRAMEWORKS = ("torch", "tensorflow")
 
 
 def images_per_second(tree: Path, framework: str) -> float:
     """One epoch of the default recipe at np=2, run from `tree`."""
-    environment = {**TENSORFLOW_ENVIRONMENT, **os.environ, "PYTHONPATH": str(tree),
-                   "TF_CPP_MIN_LOG_LEVEL": "3"}  # fmt: skip
     with tempfile.TemporaryDirectory() as output:
         command = [str(BIN / "horovodrun"), "-np", "2", "--gloo", PYTHON, "-m", "hvd_train",
                    "--framework", framework, "--epochs", "1", "--output-dir", output]  # fmt: skip
-        done = subprocess.run(command, env=environment, cwd=tree, capture_output=True,
+        done = subprocess.run(command, env=environment(tree), cwd=tree, capture_output=True,
                               text=True, timeout=900)  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f"{tree}: {command} failed:\n{(done.stdout + done.stderr)[-3000:]}")

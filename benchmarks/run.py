@@ -53,13 +53,18 @@ def results(outputs: list[str]) -> list[dict[str, Any]]:
     return found
 
 
+def environment(tree: Path = ROOT) -> dict[str, str]:
+    """What a benchmark's processes run with, importing hvd_train from `tree`. Every system gets
+    hvd_train's TensorFlow settings (where the environment gives none): the same kernels, so
+    the ratios compare how each trains."""
+    return {**TENSORFLOW_ENVIRONMENT, **os.environ, "PYTHONPATH": str(tree),
+            "TF_CPP_MIN_LOG_LEVEL": "3"}  # fmt: skip
+
+
 def run_all(commands: list[tuple[list[str], dict[str, str]]]) -> list[dict[str, Any]]:
     """Starts the commands at once (one system's processes), waits, and returns their results."""
-    # Every system gets hvd_train's TensorFlow settings (where the environment gives none): the
-    # same kernels, so the ratios compare how each trains.
-    environment = {**TENSORFLOW_ENVIRONMENT, **os.environ}
-    environment |= {"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    jobs = [subprocess.Popen(command, env=environment | extra, stdout=subprocess.PIPE,
+    shared = environment()
+    jobs = [subprocess.Popen(command, env=shared | extra, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, cwd=ROOT)
             for command, extra in commands]  # fmt: skip
     outputs = [job.communicate(timeout=900)[0] for job in jobs]

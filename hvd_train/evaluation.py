@@ -10,6 +10,7 @@ import numpy as np
 from hvd_train.adapters import Adapter
 from hvd_train.data import ArrayDataset, Dataset, batch_size, take
 from hvd_train.data.sharding import eval_indices
+from hvd_train.data.transforms import Transformed
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
 from hvd_train.scoring import CLASS_METRICS, Metric
@@ -49,8 +50,11 @@ def check_outputs_fit(adapter: Adapter, recipe: Recipe, train: Dataset) -> None:
     """Before training, the model's outputs on two examples against what the loss and the
     metrics need of them, so that a mismatch is one line now, not a traceback (or a wrong
     figure) later: class scores (N, ..., C) for labels (N, ...) below C; for mse and mae,
-    as many outputs as labels; from every metric, a sum and a count."""
-    x, y = take(train, np.arange(min(2, len(train))))
+    as many outputs as labels; from every metric, a sum and a count. The examples pass
+    through the deterministic transforms (a resize) as they will in training."""
+    evaluation = recipe.transforms().evaluation
+    examples = Transformed(train, evaluation) if evaluation else train
+    x, y = take(examples, np.arange(min(2, len(train))))
     outputs, names = adapter.logits(x), set(recipe.metric_functions)
     if recipe.loss == "cross_entropy" or names & set(CLASS_METRICS):
         if isinstance(y, tuple) or outputs.shape[:-1] != y.shape:

@@ -109,3 +109,25 @@ def test_what_the_loss_and_metrics_cannot_take_is_one_line(
     assert_usage_error(result, message)
     assert not list((tmp_path / "r").glob("checkpoints/*"))
 
+
+RESIZED = """
+from torch import nn
+from hvd_train import Data, Recipe, Schedule
+
+recipe = Recipe(
+    data=Data("synthetic", input_shape=[12, 12, 1], num_classes=4, train_samples=64,
+              test_samples=16, transforms=[{"type": "resize", "height": 8, "width": 8}]),
+    torch_model=lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 4)),
+    schedule=Schedule(epochs=1, batch_size=16),
+)
+"""
+
+
+@pytest.mark.torch
+def test_a_model_of_the_resized_shape_trains(tmp_path):
+    # The check of the outputs before training takes its examples resized, as training does.
+    recipe = tmp_path / "resized.py"
+    recipe.write_text(RESIZED)
+    result = hvd_train("--recipe", str(recipe), "--output-dir", str(tmp_path / "r"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["epochs"] == 1
