@@ -55,7 +55,7 @@ def load_source(recipe: Recipe, data_dir: Path | None) -> Splits:
         return load_npz(data)
     if data.dataset == "folder":
         return load_folder(data)
-    if data.dataset == "parquet":  # pyarrow's import costs every other run's start 0.2 s
+    if data.dataset == "parquet":  # pyarrow, only here: docs/history.md, "A job's start"
         from hvd_train.data.parquet import load_parquet
 
         return load_parquet(data)
