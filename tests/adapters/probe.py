@@ -50,5 +50,4 @@ fresh = open_run(framework, grouped, seed=1).adapter
 fresh.load_optimizer_state(state)
 saved |= {f"optimizer.{name}": array for name, array in state.items()}
 saved |= {f"restored.{name}": array for name, array in fresh.optimizer_state().items()}
-
 np.savez(out, **saved)
