@@ -7,6 +7,7 @@ The object collectives are written once here, over the binding's `hvd` module.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import os
@@ -33,6 +34,12 @@ OBJECT_COLLECTIVE = "hvd_train.object"
 # waits for a slower rank), fewer rounds leave more of shared cores to the computation. How it
 # was measured: docs/history.md, "Speed".
 HOROVOD_DEFAULTS = {"HOROVOD_CYCLE_TIME": "3"}
+# glibc malloc's parameters (malloc.h's M_TRIM_THRESHOLD and M_MMAP_THRESHOLD) and what
+# `keep_freed_memory` sets them to: the largest threshold glibc would move its own to, and four
+# times it kept free before memory goes back to the system.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+TRIM_THRESHOLD_BYTES = 128 * 2**20
 Arrays = dict[str, np.ndarray]
 Batch = tuple[np.ndarray, Any]  # inputs and labels (an array, or a tuple of them), from `take`
 # Where an export went, the exported model's outputs on the examples, and the same from the
@@ -300,6 +307,23 @@ class Adapter(ABC):
                 raise UsageError(f"HVD_TRAIN_THREADS={given!r}: expected a positive integer")
             return int(given)
         return max(1, available_cores() // self.local_size)
+
+
+def keep_freed_memory() -> None:
+    """Have glibc's malloc keep the memory a step frees for the next step rather than give it
+    back to the system and fault it in again. By default it hands back the free top of its heap
+    above a threshold that follows the allocations' sizes; with a data source that allocates
+    beside the passes it handed back and faulted in each step's activations, which slowed the
+    passes (docs/history.md, "Decoding beside the step"). Left alone where the
+    environment sets malloc's parameters itself, or without glibc."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc." in tunables or any(name.startswith("MALLOC_") for name in os.environ):
+        return
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:
+        return
+    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
 
 
 def available_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

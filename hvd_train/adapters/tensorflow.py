@@ -29,6 +29,7 @@ from hvd_train.adapters.base import (
     OverlapChoice,
     StepResult,
     buckets,
+    keep_freed_memory,
 )
 from hvd_train.builders import keras_models
 from hvd_train.data.base import MASK, batch_size
@@ -103,6 +104,7 @@ class TensorFlowAdapter(Adapter):
 
     def init(self, may_overlap: bool = True) -> None:
         self.apply_horovod_defaults()
+        keep_freed_memory()
         hvd.init()
         self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
         self.world_size, self.local_size = hvd.size(), hvd.local_size()

@@ -40,6 +40,7 @@ from hvd_train.adapters.base import (
     StepResult,
     T,
     buckets,
+    keep_freed_memory,
 )
 from hvd_train.data.base import batch_size
 from hvd_train.errors import UsageError
@@ -293,6 +294,7 @@ class TorchAdapter(Adapter):
 
     def init(self, may_overlap: bool = True) -> None:
         self.apply_horovod_defaults()
+        keep_freed_memory()
         hvd.init()
         self._pin()
 

@@ -1,5 +1,5 @@
 """How many threads a rank takes: its share of the cores it may use, a cgroup quota included;
-and the Horovod and TensorFlow settings hvd_train applies."""
+and the Horovod, TensorFlow and malloc settings hvd_train applies."""
 
 import os
 import subprocess
@@ -69,6 +69,54 @@ def test_tensorflow_runs_onednn_kernels_unless_the_environment_says(first, given
              "from tensorflow.python.util import _pywrap_util_port; "
              "print(_pywrap_util_port.IsMklEnabled())")  # fmt: skip
     assert probe_output(probe, "TF_ENABLE_ONEDNN_OPTS", given) == expected
+
+
+# A step's allocations as the passes make them: eight 4 MB blocks, written and freed; the minor
+# page faults of ten such steps after a first one. glibc's default hands the freed blocks back
+# to the system each step, and the next step faults every page in again.
+STEPS = """
+import ctypes, resource
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def step():
+    blocks = [libc.malloc(4 << 20) for _ in range(8)]
+    for block in blocks:
+        ctypes.memset(block, 1, 4 << 20)
+    for block in reversed(blocks):
+        libc.free(block)
+step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+PAGES = 10 * 8 * (4 << 20) // 4096  # the pages those ten steps write
+
+
+@pytest.mark.parametrize(
+    ("first", "tunables", "kept"),
+    [
+        ("", None, False),
+        ("from hvd_train.adapters.base import keep_freed_memory; keep_freed_memory()", None,
+         True),
+        ("from hvd_train.adapters.base import keep_freed_memory; keep_freed_memory()",
+         "glibc.malloc.tcache_count=7", False),
+    ],
+    ids=["glibc-default", "kept", "environment-decides"],
+)  # fmt: skip
+def test_freed_memory_is_kept_for_the_next_step_unless_the_environment_sets_malloc(
+    first, tunables, kept
+):
+    faults = int(probe_output(first + "\n" + STEPS, "GLIBC_TUNABLES", tunables))
+    assert faults < PAGES // 100 if kept else faults > PAGES // 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_rank_keeps_freed_memory(framework):
+    first = f"from hvd_train.adapters import create_adapter; create_adapter({framework!r}).init()"
+    assert int(probe_output(first + "\n" + STEPS, "GLIBC_TUNABLES", None)) < PAGES // 100
 
 
 def probe_output(probe: str, variable: str, given: str | None) -> str:
