@@ -64,10 +64,11 @@ class Reporting(Hook):
     def record(self, trainer: Trainer, done: Position) -> None:
         images, seconds = trainer.throughput.since_last_record()
         step = trainer.plan.global_step(done) - 1
-        average, rate = float(np.mean(self.losses)), trainer.schedule(step)
+        average = float(np.mean(self.losses))
+        rates = [trainer.schedule(s) for s in range(step + 1 - len(self.losses), step + 1)]
         speed = images / max(seconds, 1e-9)
-        self.bar.show(loss=f"{average:.4f}", lr=f"{rate:.2e}", images_per_s=f"{speed:.0f}")
-        trainer.metrics.train(done.epoch + 1, step + 1, trainer.examples(done), average, rate,
+        self.bar.show(loss=f"{average:.4f}", lr=f"{rates[-1]:.2e}", images_per_s=f"{speed:.0f}")
+        trainer.metrics.train(done.epoch + 1, step + 1, trainer.examples(done), average, rates,
                               speed, 1000 * seconds / len(self.losses))  # fmt: skip
         self.losses = []
         self.records += 1

@@ -81,12 +81,14 @@ class MetricsWriter:
                 self.board.add_scalar(tag, value, record["samples"])
         self.board.flush()
 
-    def train(self, epoch: int, step: int, samples: int, loss: float, learning_rate: float,
+    def train(self, epoch: int, step: int, samples: int, loss: float, learning_rates: list[float],
               images_per_second: float, step_ms: float) -> None:  # fmt: skip
         """The loss averaged across ranks over the steps up to global step `step` (1-based),
-        and the speed over them."""
+        the learning rate of each of those steps (the last as `learning_rate`), and the speed
+        over them."""
         self._append({"kind": "train", "epoch": epoch, "step": step, "samples": samples,
-                      "loss": loss, "learning_rate": learning_rate,
+                      "loss": loss, "learning_rate": learning_rates[-1],
+                      "learning_rates": learning_rates,
                       "images_per_second": round(images_per_second, 1),
                       "step_ms": round(step_ms, 2)})  # fmt: skip
 

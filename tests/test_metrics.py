@@ -23,12 +23,13 @@ def writer(folder, enabled=True) -> MetricsWriter:
 
 def test_records_carry_samples_and_epochs_and_reach_tensorboard(tmp_path):
     metrics = writer(tmp_path)
-    metrics.train(1, 10, 640, 0.5, 0.001, 1234.56, 7.891)
+    metrics.train(1, 10, 640, 0.5, [0.0005, 0.001], 1234.56, 7.891)
     metrics.eval(1, 16, 1000, {"loss": 0.25, "accuracy": 0.9, "mse": 0.5})
     metrics.close()
     assert records(tmp_path) == [
         {"kind": "train", "epoch": 1, "step": 10, "samples": 640, "loss": 0.5,
-         "learning_rate": 0.001, "images_per_second": 1234.6, "step_ms": 7.89, "epochs": 0.64},
+         "learning_rate": 0.001, "learning_rates": [0.0005, 0.001], "images_per_second": 1234.6,
+         "step_ms": 7.89, "epochs": 0.64},
         {"kind": "eval", "epoch": 1, "step": 16, "samples": 1000, "test_loss": 0.25,
          "test_accuracy": 0.9, "test_mse": 0.5, "epochs": 1.0},
     ]  # fmt: skip
@@ -43,16 +44,16 @@ def test_records_carry_samples_and_epochs_and_reach_tensorboard(tmp_path):
 
 
 def test_only_the_writing_rank_writes(tmp_path):
-    writer(tmp_path, enabled=False).train(1, 1, 64, 0.5, 0.001, 1.0, 1.0)
+    writer(tmp_path, enabled=False).train(1, 1, 64, 0.5, [0.001], 1.0, 1.0)
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
 def test_going_back_drops_the_records_after_that_point(tmp_path):
     metrics = writer(tmp_path)
     for samples in (100, 200, 300):
-        metrics.train(1, samples // 100, samples, 0.5, 0.001, 1.0, 1.0)
+        metrics.train(1, samples // 100, samples, 0.5, [0.001], 1.0, 1.0)
     metrics.keep_until(200)
-    metrics.train(1, 3, 300, 0.4, 0.001, 1.0, 1.0)  # recorded anew
+    metrics.train(1, 3, 300, 0.4, [0.001], 1.0, 1.0)  # recorded anew
     metrics.close()
     assert [(r["samples"], r["loss"]) for r in records(tmp_path)] == [
         (100, 0.5), (200, 0.5), (300, 0.4)
@@ -64,10 +65,10 @@ def test_a_failed_write_is_kept_as_the_failure_and_stops_recording(tmp_path):
     folder.mkdir()
     metrics = writer(folder)
     folder.rmdir()  # the folder went away under the run
-    metrics.train(1, 1, 64, 0.5, 0.001, 1.0, 1.0)
+    metrics.train(1, 1, 64, 0.5, [0.001], 1.0, 1.0)
     assert metrics.failure.startswith(f"cannot write {folder}/metrics.jsonl (No such file")
     folder.mkdir()
-    metrics.train(1, 2, 128, 0.5, 0.001, 1.0, 1.0)  # the run stops at the next step anyway
+    metrics.train(1, 2, 128, 0.5, [0.001], 1.0, 1.0)  # the run stops at the next step anyway
     assert not (folder / "metrics.jsonl").exists()
 
 
@@ -84,7 +85,7 @@ def test_recording_loads_no_torch_where_the_run_has_none(tmp_path):
         "import sys; from pathlib import Path; from hvd_train.metrics import MetricsWriter\n"
         f"metrics = MetricsWriter(Path({str(tmp_path)!r}), train_size=1000)\n"
         "metrics.enabled = True\n"
-        "metrics.train(1, 10, 640, 0.5, 0.001, 1234.56, 7.891)\n"
+        "metrics.train(1, 10, 640, 0.5, [0.001], 1234.56, 7.891)\n"
         "metrics.close()\n"
         "print('torch' in sys.modules)\n"
     )

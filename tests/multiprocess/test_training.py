@@ -1,5 +1,6 @@
 """The CLI under the real `horovodrun -np 2`: what is written, by whom, and that it learns."""
 
+import itertools
 import json
 import re
 import shutil
@@ -48,6 +49,14 @@ def test_short_run_learns_far_above_chance(first_run):
     assert [m["step"] for m in train] == [20, 40, 60]
     assert [m["samples"] for m in train] == [2560, 5120, 7680]
     assert all(m["images_per_second"] > 0 and m["step_ms"] > 0 for m in train)
+    # Every step's learning rate, in order: mnist_cnn's warmup over the first half of the
+    # epoch's STEPS, from 0.001 to the scaled 0.002, then its cosine decay towards zero.
+    rates = [rate for m in train for rate in m["learning_rates"]]
+    assert [m["learning_rate"] for m in train] == [m["learning_rates"][-1] for m in train]
+    half = STEPS // 2
+    assert rates[:half] == pytest.approx([0.001 + 0.001 * s / half for s in range(half)])
+    assert rates[half] == pytest.approx(0.002) and len(rates) == STEPS
+    assert all(b < a for a, b in itertools.pairwise(rates[half:]))
     # The step's parts: the passes, and the wait for the exchange.
     assert summary["t_comp_ms"] > 0 and summary["t_sync_ms"] > 0
     assert summary["t_comp_ms"] + summary["t_sync_ms"] < summary["step_ms"]
