@@ -69,6 +69,21 @@ def kill_job(job: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     job.wait(timeout=60)
 
 
+def rank_children(job: subprocess.Popen) -> list[tuple[psutil.Process, str, list[str]]]:
+    """The job's processes that carry a HOROVOD_RANK, with it and their command lines, in
+    psutil's order (a parent before its children). A process that ends while it is looked at
+    (horovodrun's helpers, an elastic job's discovery script) is left out."""
+    found = []
+    for process in psutil.Process(job.pid).children(recursive=True):
+        try:
+            rank, command = process.environ().get("HOROVOD_RANK"), process.cmdline()
+        except psutil.NoSuchProcess:  # gone, or a zombie
+            continue
+        if rank is not None:
+            found.append((process, rank, command))
+    return found
+
+
 def wait_for(condition, job: subprocess.Popen, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

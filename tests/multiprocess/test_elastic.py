@@ -8,11 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.conftest import REPO
-from tests.multiprocess.conftest import HOROVODRUN, background, wait_for
+from tests.multiprocess.conftest import HOROVODRUN, background, rank_children, wait_for
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -56,11 +55,8 @@ def test_the_job_goes_on_without_its_killed_rank_0_and_reaches_the_recipes_accur
     (tmp_path / "hosts").write_text("localhost:1\n127.0.0.1:1\n")
     job, output_dir = elastic_job(tmp_path, 2, "--recipe", recipe, "--data-dir", str(mnist_dir))
     wait_for((output_dir / "metrics.jsonl").exists, job)  # 50 steps trained, state committed
-    workers = [
-        p for p in psutil.Process(job.pid).children(recursive=True) if "HOROVOD_RANK" in p.environ()
-    ]
     # Rank 0, the writer: the survivor must take over its records, checkpoints and summary.
-    victim = next(p for p in workers if p.environ()["HOROVOD_RANK"] == "0")
+    victim = next(p for p, rank, _ in rank_children(job) if rank == "0")
     victim.kill()
     output, _ = job.communicate(timeout=900)
     assert job.returncode == 0, output

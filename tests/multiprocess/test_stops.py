@@ -24,6 +24,7 @@ from tests.multiprocess.conftest import (
     HOROVODRUN,
     failed_job,
     horovodrun,
+    rank_children,
     start,
     wait_for,
 )
@@ -38,8 +39,7 @@ def records(run: Path) -> list[dict]:
 
 
 def rank_processes(job: subprocess.Popen) -> list[psutil.Process]:
-    children = psutil.Process(job.pid).children(recursive=True)
-    return [p for p in children if "HOROVOD_RANK" in p.environ() and "hvd_train" in p.cmdline()]
+    return [p for p, _, command in rank_children(job) if "hvd_train" in command]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
