@@ -64,22 +64,30 @@ def read_resume_point(
 
 def saved_recipe(state: dict[str, Any], recipe_text: str, reference: str | None = None) -> Recipe:
     """The recipe a checkpoint was trained with: a neutral recipe from its saved effective
-    TOML; a Python recipe from its code (at `reference` if given, else where it was), with the
-    saved settings."""
+    TOML, unless that names a Python recipe's own function (an optimizer, a decay); a Python
+    recipe from its code (at `reference` if given, else where it was), with the saved
+    settings."""
     path = Path(state["path"]) / "recipe.toml"
-    if reference is None and state["layout"] == "neutral":
-        return parse_toml_recipe(recipe_text, state["recipe"], str(path), path.parent)
-    recipe = load_recipe(reference or state["recipe_source"])
-    if state["layout"] == "neutral":
-        return recipe
     tables = tomllib.loads(recipe_text)
     saved = {
         f"{section}.{key}": value
         for section in ("data", "optimizer", "schedule", "horovod")
         for key, value in tables.get(section, {}).items()
-        if key != "python" and not (isinstance(value, str) and value.startswith(PYTHON_FUNCTION))
+        if key != "python" and not _function(value)
     }
+    functions = any(_function(v) for table in tables.values() if isinstance(table, dict)
+                    for v in table.values())  # fmt: skip
+    if reference is None and state["layout"] == "neutral" and not functions:
+        return parse_toml_recipe(recipe_text, state["recipe"], str(path), path.parent)
+    recipe = load_recipe(reference or state["recipe_source"])
+    if state["layout"] == "neutral" and reference is not None:
+        return recipe
     return recipe.with_overrides(saved)
+
+
+def _function(value: Any) -> bool:
+    """Whether a saved setting is a Python recipe's own function, recorded by its name."""
+    return isinstance(value, str) and value.startswith(PYTHON_FUNCTION)
 
 
 def _flat(recipe: Recipe) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from hvd_train.builders import Layout, build_model
 from hvd_train.checkpoint import Checkpoint
 from hvd_train.layers import trained_weight_shapes
 from hvd_train.recipe import Recipe
-from hvd_train.recipe.settings import Data
+from hvd_train.recipe.settings import Data, Optimizer
 from hvd_train.resume import check_layout, check_weights_fit
 
 
@@ -66,5 +66,6 @@ def open_run(framework: str | Adapter, recipe: Recipe, seed: int) -> Run:
     adapter = start(framework, recipe) if isinstance(framework, str) else framework
     precision = recipe.schedule.precision
     built = build_model(recipe, adapter.name, seed)
+    assert isinstance(recipe.optimizer, Optimizer)  # a function given is one's `function`
     adapter.setup(built.model, recipe.optimizer, recipe.loss, recipe.horovod, precision)
     return Run(adapter, recipe, built.layout)

@@ -77,7 +77,7 @@ class Trainer:
             self.options.limit_steps,
         )  # fmt: skip
         self.schedule = LearningRateSchedule.from_recipe(
-            recipe.schedule, recipe.optimizer.learning_rate,
+            recipe.schedule, self.adapter.learning_rate,
             world_size * recipe.horovod.backward_passes_per_step, self.plan.steps_per_epoch,
         )  # fmt: skip
 

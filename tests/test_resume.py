@@ -102,3 +102,24 @@ def test_a_python_recipes_own_decay_resumes_from_its_code(tmp_path):
     saved = saved_recipe(state, recipe_toml(recipe))
     assert saved.schedule.decay.__name__ == "halve" and saved.schedule.epochs == 3
     check_same_run(saved, recipe, "ckpt")
+
+
+def test_a_neutral_python_recipes_own_optimizer_and_decay_come_back_from_its_code(tmp_path):
+    # Its saved TOML names the functions, which only the code gives back.
+    source = tmp_path / "mine.py"
+    source.write_text(
+        "from hvd_train import Data, Recipe, Schedule\n"
+        "def make(model=None):\n    return None\n"
+        "def halve(step, steps):\n    return 0.5\n"
+        "recipe = Recipe(data=Data('synthetic', input_shape=(4, 4, 1), num_classes=2),\n"
+        "                layers=({'type': 'flatten'}, {'type': 'dense', 'units': 2},\n"
+        "                        {'type': 'softmax'}),\n"
+        "                optimizer=make, schedule=Schedule(epochs=3, decay=halve))\n"
+    )
+    recipe = load_recipe(str(source))
+    state = {"path": str(tmp_path), "layout": "neutral", "recipe": "mine",
+             "recipe_source": str(source)}  # fmt: skip
+    saved = saved_recipe(state, recipe_toml(recipe.with_overrides({"gradient_clip_norm": 2.0})))
+    assert saved.optimizer.function.__name__ == "make" and saved.optimizer.gradient_clip_norm == 2
+    assert saved.schedule.decay.__name__ == "halve" and saved.schedule.epochs == 3
+    check_same_run(saved, recipe.with_overrides({"gradient_clip_norm": 2.0}), "ckpt")

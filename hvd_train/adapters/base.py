@@ -172,7 +172,8 @@ class Adapter(ABC):
         """Takes the model to train (a torch module, or a Keras model on this framework's
         backend) onto the device, with the optimizer, the loss, how gradients travel, and the
         passes' precision ("fp32", "bf16-mixed", "fp16-mixed": the weights stay fp32, and
-        fp16's loss is scaled so that small gradients do not vanish)."""
+        fp16's loss is scaled so that small gradients do not vanish). With the recipe's own
+        optimizer (`optimizer.function`), checks what it made: one UsageError line."""
 
     @abstractmethod
     def broadcast_state(self, include_optimizer: bool) -> None:
@@ -184,6 +185,9 @@ class Adapter(ABC):
         torch's DDP does before each forward pass; called before evaluating."""
 
     overlap_choice: OverlapChoice  # made by setup, which knows the gradients' buckets
+    # Set by setup: the one-process learning rate the schedule scales and warms up (the
+    # recipe's, or its own optimizer's first group's).
+    learning_rate: float
 
     def train_step(
         self, batches: list[Batch], learning_rate: float, seed: int, flags: np.ndarray

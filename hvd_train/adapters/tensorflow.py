@@ -34,7 +34,7 @@ from hvd_train.adapters.base import (
 from hvd_train.builders import keras_models
 from hvd_train.data.base import MASK, batch_size
 from hvd_train.errors import UsageError
-from hvd_train.recipe.settings import Horovod, Optimizer
+from hvd_train.recipe.settings import Horovod, Optimizer, function_name
 
 
 def cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -98,6 +98,27 @@ def _optimizer(config: Optimizer) -> keras.optimizers.Optimizer:
     return keras.optimizers.AdamW(lr, weight_decay=config.weight_decay, epsilon=1e-8)
 
 
+def _own_optimizer(function: Callable[..., Any]) -> keras.optimizers.Optimizer:
+    """The optimizer a Python recipe's `optimizer.function` makes, checked: a Keras optimizer
+    whose learning rate is a number, which the schedule then sets each step."""
+    name = function_name(function)
+    made = function()
+    if not isinstance(made, keras.optimizers.Optimizer) or isinstance(
+        made, keras.optimizers.LossScaleOptimizer
+    ):
+        raise UsageError(
+            f"optimizer.function ({name}) returned {type(made).__name__}; under TensorFlow it "
+            "must return a Keras optimizer (keras.optimizers.Adam(...), ...), not wrapped: "
+            "fp16-mixed wraps it itself"
+        )
+    if isinstance(made._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+        raise UsageError(
+            f"optimizer.function ({name}): its optimizer has a learning rate schedule; give it "
+            "a number, and the schedule to the recipe's Schedule(warmup_epochs=..., decay=...)"
+        )
+    return made
+
+
 class TensorFlowAdapter(Adapter):
     name = "tensorflow"
     hvd = hvd
@@ -131,10 +152,16 @@ class TensorFlowAdapter(Adapter):
         self.loss: Callable[[Any, Any], tf.Tensor] = (
             cross_entropy if loss == "cross_entropy" else loss  # type: ignore[assignment]
         )
-        self.optimizer = _optimizer(optimizer)
         variables = self.model.trainable_variables
-        types = keras_models.layer_types(model)
-        decays = [optimizer.decays(v.path, t) for v, t in zip(variables, types, strict=True)]
+        decays = [True] * len(variables)
+        if optimizer.function is not None:
+            self.optimizer = _own_optimizer(optimizer.function)
+            self.learning_rate = float(self.optimizer.learning_rate.numpy())
+        else:
+            self.optimizer = _optimizer(optimizer)
+            self.learning_rate = optimizer.learning_rate
+            types = keras_models.layer_types(model)
+            decays = [optimizer.decays(v.path, t) for v, t in zip(variables, types, strict=True)]
         if optimizer.name == "adamw":  # before the build, as Keras asks
             kept = [v for v, d in zip(variables, decays, strict=True) if not d]
             self.optimizer.exclude_from_weight_decay(var_list=kept)

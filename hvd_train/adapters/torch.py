@@ -44,7 +44,7 @@ from hvd_train.adapters.base import (
 )
 from hvd_train.data.base import batch_size
 from hvd_train.errors import UsageError
-from hvd_train.recipe.settings import Horovod, Optimizer
+from hvd_train.recipe.settings import Horovod, Optimizer, function_name
 
 Inputs = torch.Tensor | dict[str, torch.Tensor]  # named inputs: a dict
 
@@ -333,9 +333,16 @@ class TorchAdapter(Adapter):
         parameters = [p for _, p in trainable]
         self.exchange = Exchange(parameters, compression)
         self.overlap_choice = OverlapChoice(horovod.overlap, len(self.exchange.buckets))
-        named = zip(trainable, self.net.layer_types(), strict=True)
-        decays = [optimizer.decays(name, layer) for (name, _), layer in named]
-        self.optimizer = _optimizer(optimizer, parameters, decays)
+        if optimizer.function is None:
+            named = zip(trainable, self.net.layer_types(), strict=True)
+            decays = [optimizer.decays(name, layer) for (name, _), layer in named]
+            self.optimizer = _optimizer(optimizer, parameters, decays)
+        else:
+            self.optimizer = _own_optimizer(optimizer.function, self.net, parameters)
+        # Each group's rate over the first's: the schedule's rate times it, every step.
+        rates = [group["lr"] for group in self.optimizer.param_groups]
+        self.learning_rate = float(rates[0])
+        self.rate_ratios = [rate / self.learning_rate for rate in rates]
         # The optimizer's state is saved by the parameter's place in `trainable`: `placed` maps
         # the optimizer's own order (its groups, one after the other) onto those places.
         positions = {id(p): index for index, p in enumerate(parameters)}
@@ -410,8 +417,8 @@ class TorchAdapter(Adapter):
     def _update(self, learning_rate: float) -> torch.Tensor:
         """Applies the averaged gradients (clipped, and unscaled under fp16-mixed); returns
         their norm before clipping."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate
+        for group, ratio in zip(self.optimizer.param_groups, self.rate_ratios, strict=True):
+            group["lr"] = learning_rate * ratio
         parameters = self.exchange.parameters
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
@@ -501,7 +508,7 @@ class TorchAdapter(Adapter):
         and under fp16-mixed the loss scale and its count of steps since it last changed."""
         state = self.optimizer.state_dict()["state"]
         arrays = {
-            f"{self.placed[index]}.{key}": value.detach().cpu().numpy().copy()
+            f"{self.placed[index]}.{key}": torch.as_tensor(value).detach().cpu().numpy().copy()
             for index, entries in state.items()
             for key, value in entries.items()
         }
@@ -601,6 +608,37 @@ def export_onnx(
 
 SCALER_STATE = ("scale", "_growth_tracker")  # what GradScaler's state_dict holds that changes
 AUTOCAST = {"fp32": None, "bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+
+
+def _own_optimizer(
+    function: Callable[..., Any], net: TorchModule | KerasOnTorch, parameters: list[torch.Tensor]
+) -> torch.optim.Optimizer:
+    """The optimizer a Python recipe's `optimizer.function` makes for its torch module,
+    checked: a torch optimizer over every trainable parameter, each once, at a positive rate."""
+    name = function_name(function)
+    if not isinstance(net, TorchModule):
+        raise UsageError(
+            f"optimizer.function ({name}) makes a torch optimizer for a torch module, and this "
+            "recipe trains a Keras model under torch; train it under --framework tensorflow, or "
+            "give it an Optimizer(...) table"
+        )
+    made = function(net.module)
+    if not isinstance(made, torch.optim.Optimizer):
+        raise UsageError(
+            f"optimizer.function ({name}) returned {type(made).__name__}; under torch it must "
+            "return a torch.optim.Optimizer over the module's parameters"
+        )
+    held = [id(p) for group in made.param_groups for p in group["params"]]
+    if sorted(held) != sorted(id(p) for p in parameters):
+        raise UsageError(
+            f"optimizer.function ({name}): its parameter groups hold {len(held)} tensors "
+            f"({len(set(held) & {id(p) for p in parameters})} of the model's trainable ones), "
+            f"and the module has {len(parameters)} trainable parameters; give each of them to "
+            "one group, once"
+        )
+    if not all(group["lr"] > 0 for group in made.param_groups):
+        raise UsageError(f"optimizer.function ({name}): every group needs a learning rate above 0")
+    return made
 
 
 def _optimizer(

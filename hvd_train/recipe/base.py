@@ -50,6 +50,8 @@ class Recipe:
     `metrics`: what evaluation reports besides the loss: names of built-ins ("accuracy",
     "top_k_accuracy", "mse", "mae") and functions `(outputs, labels) -> (sum, count)` on NumPy
     arrays, recorded by their names. Default: accuracy with cross_entropy, else none.
+    `optimizer`: an `Optimizer(...)` table, or a function making the framework's own
+    optimizer (`Optimizer`'s `function` says how).
     `loading`: how the training batches are read (`Loading(workers=4)`), for either kind of
     `data`; in TOML and `--set`, its keys sit in `[data]`.
     `transform`: `(x, rng) -> x`, one training example's input (height, width, channels) and
@@ -63,7 +65,7 @@ class Recipe:
     keras_model: Callable[[], Any] | None = None
     loss: str | Callable[[Any, Any], Any] = "cross_entropy"
     metrics: tuple[str | Metric, ...] | None = None
-    optimizer: Optimizer = field(default_factory=Optimizer)
+    optimizer: Optimizer | Callable[..., Any] = field(default_factory=Optimizer)
     schedule: Schedule = field(default_factory=Schedule)
     horovod: Horovod = field(default_factory=Horovod)
     loading: Loading = field(default_factory=Loading)
@@ -94,6 +96,8 @@ class Recipe:
                 "or give a function"
             )
         object.__setattr__(self, "metrics", self._checked_metrics())
+        if callable(self.optimizer):  # the framework's own optimizer, made by the recipe
+            object.__setattr__(self, "optimizer", Optimizer(function=self.optimizer))
         for table, cls in ((self.optimizer, Optimizer), (self.schedule, Schedule),
                            (self.horovod, Horovod)):  # fmt: skip
             if not isinstance(table, cls):

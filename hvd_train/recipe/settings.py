@@ -8,6 +8,7 @@ range; it must be positive`. The loaders put the recipe's file in front.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -22,6 +23,11 @@ PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10
 # How a table records a Python recipe's own function (a decay): by name, which its code gives back.
 PYTHON_FUNCTION = "python function "
+
+
+def function_name(function: Callable[..., Any]) -> str:
+    """A Python recipe's own function as settings and messages name it."""
+    return getattr(function, "__qualname__", repr(function))
 
 
 def setting(default: Any = dataclasses.MISSING, **rule: Any) -> Any:
@@ -171,7 +177,14 @@ class Optimizer(Settings):
     gradient (torch's meaning); `adamw` decays decoupled. `nesterov`: sgd's Nesterov momentum.
     `weight_decay_exclude`: words that keep a parameter from weight decay where its name or its
     layer's type holds one, in any case (["bias", "norm"]: biases and normalisation layers).
-    `gradient_clip_norm` 0 turns clipping off."""
+    `gradient_clip_norm` 0 turns clipping off.
+
+    A Python recipe may instead give `function`, which makes the framework's own optimizer
+    (`Recipe(optimizer=function)` says the same): under torch `(module) -> torch.optim.Optimizer`
+    over every trainable parameter, in groups of their own learning rates if it likes; under
+    TensorFlow `() -> keras.optimizers.Optimizer` (a recipe with both models: `(model=None)`).
+    Its learning rate (its first group's) is the one-process rate the schedule scales and warms
+    up; each group keeps its ratio to it. Only `gradient_clip_norm` applies beside it."""
 
     section = "optimizer"
     name: str = setting("adam", kind=str, choices=OPTIMIZERS)
@@ -181,9 +194,12 @@ class Optimizer(Settings):
     weight_decay: float = setting(0.0, kind=float, minimum=0.0)
     weight_decay_exclude: tuple[str, ...] = ()
     gradient_clip_norm: float = setting(0.0, kind=float, minimum=0.0)
+    function: Callable[..., Any] | None = None  # a Python recipe's own optimizer
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.function is not None:
+            self._check_function()
         words = self.weight_decay_exclude
         if not (isinstance(words, list | tuple) and all(type(w) is str and w for w in words)):
             example = 'like ["bias", "norm"]'
@@ -195,6 +211,27 @@ class Optimizer(Settings):
                 'Nesterov momentum needs name = "sgd" and a momentum above 0; set '
                 "optimizer.momentum (0.9 is usual), or leave nesterov out",
             )
+
+    def _check_function(self) -> None:
+        if not callable(self.function):
+            raise self.fail("function", f"expected a function making the optimizer, got "
+                                        f"{self.function!r}")  # fmt: skip
+        defaults = Optimizer()
+        for key in ("name", "learning_rate", "momentum", "nesterov", "weight_decay",
+                    "weight_decay_exclude"):  # fmt: skip
+            if getattr(self, key) != getattr(defaults, key):
+                raise self.fail(
+                    key,
+                    "the optimizer is made by optimizer.function; give this setting to the "
+                    "optimizer it makes (only gradient_clip_norm applies beside it)",
+                )
+
+    def table(self) -> dict[str, Any]:
+        """As every table's; with `function`, it by its name and the clipping alone."""
+        if self.function is None:
+            return super().table()
+        return {"function": f"{PYTHON_FUNCTION}{function_name(self.function)}",
+                "gradient_clip_norm": self.gradient_clip_norm}  # fmt: skip
 
     def decays(self, name: str, layer_type: str) -> bool:
         """Whether weight decay applies to the parameter `name` of a layer of `layer_type`."""
@@ -226,8 +263,7 @@ class Schedule(Settings):
         """As every table's, with a Python recipe's own decay function by its name."""
         table = super().table()
         if callable(self.decay):
-            name = getattr(self.decay, "__qualname__", repr(self.decay))
-            table["decay"] = f"{PYTHON_FUNCTION}{name}"
+            table["decay"] = f"{PYTHON_FUNCTION}{function_name(self.decay)}"
         return table
 
 

@@ -5,12 +5,14 @@
 hvd_train hands the module images as torch's (N, C, H, W) and trains it, averaging the
 gradients over the ranks with Horovod; everything else (sharding, checkpoints, resume, elastic,
 eval) is the same as for a TOML recipe. A torch module trains under --framework torch only.
+The optimizer is torch's own, made by `optimizer` below with two parameter groups; hvd_train
+scales its learning rate with the world size, warms it up and decays it by the Schedule.
 """
 
 import torch
 from torch import nn
 
-from hvd_train import Data, Optimizer, Recipe, Schedule
+from hvd_train import Data, Recipe, Schedule
 
 
 class ResidualBlock(nn.Module):
@@ -46,9 +48,18 @@ def resnet() -> nn.Module:
     )
 
 
+def optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """AdamW, with weight decay on the convolutions' and the dense layer's weights only: not on
+    biases and batchnorm's scales and shifts (the one-dimensional parameters)."""
+    weights = [p for p in model.parameters() if p.ndim > 1]
+    others = [p for p in model.parameters() if p.ndim == 1]
+    groups = [{"params": weights, "weight_decay": 0.0001}, {"params": others, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=0.002)
+
+
 recipe = Recipe(
     data=Data("mnist"),
     torch_model=resnet,
-    optimizer=Optimizer(name="adamw", learning_rate=0.002, weight_decay=0.0001),
+    optimizer=optimizer,
     schedule=Schedule(epochs=1, batch_size=64, warmup_epochs=0.1, decay="cosine"),
 )

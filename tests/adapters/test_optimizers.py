@@ -1,7 +1,8 @@
 """The optimizers' settings under each adapter, in a process of its own: `weight_decay_exclude`
 keeps biases and normalisation layers from weight decay, coupled (sgd) and decoupled (adamw),
 and every other parameter takes it; rmsprop and sgd with Nesterov momentum take under Keras
-the steps torch's own optimizers take."""
+the steps torch's own optimizers take; a Python recipe's own optimizer takes the schedule's
+rate, in each parameter group's ratio, and its mistakes are one line."""
 
 import json
 import subprocess
@@ -136,3 +137,134 @@ def test_rmsprop_and_nesterov_take_torchs_steps_under_keras():
         assert np.abs(torch_step - start).min() > 1e-3, settings  # every weight moved
         np.testing.assert_allclose(keras_step, torch_step, rtol=1e-5, atol=1e-6,
                                    err_msg=str(settings))  # fmt: skip
+
+
+# A Python recipe's own optimizer, made by its function: one step through the adapter at the
+# schedule's rate 0.5, where the function's rate is 0.1 (the torch head's group: 0.01), against
+# the framework's own step from the same weights at 0.5 (the head: 0.05); its state saved, and
+# loaded into a new run's optimizer; a step under fp16-mixed (its loss scaled). Then the
+# function's mistakes, each one line.
+OWN = """
+import copy, json, sys
+import numpy as np
+from hvd_train import Data, Recipe
+from hvd_train.data import load_data, take
+from hvd_train.errors import UsageError
+from hvd_train.run import open_run, start
+
+DATA = Data("synthetic", input_shape=(8, 8, 1), num_classes=4, train_samples=64, test_samples=16)
+framework = sys.argv[1]
+if framework == "torch":
+    import torch
+    import torch.nn.functional as F
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8), torch.nn.ReLU(),
+                                   torch.nn.Linear(8, 4))
+
+    def groups(module, head_rate):
+        return [{"params": list(module[1].parameters())},
+                {"params": list(module[3].parameters()), "lr": head_rate}]
+
+    def own(module):
+        return torch.optim.SGD(groups(module, 0.01), lr=0.1, momentum=0.9)
+
+    def wrong(module):
+        return [own(module), "not an optimizer", torch.optim.SGD(module[1].parameters(), lr=0.1)]
+
+    recipe = Recipe(data=DATA, torch_model=model, optimizer=own)
+else:
+    import keras
+    import tensorflow as tf
+
+    def model():
+        return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                                 keras.layers.Dense(8, activation="relu"), keras.layers.Dense(4)])
+
+    def own():
+        return keras.optimizers.SGD(0.1, momentum=0.9)
+
+    def wrong():
+        decay = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+        return [own(), "not an optimizer", keras.optimizers.SGD(decay)]
+
+    recipe = Recipe(data=DATA, keras_model=model, optimizer=own)
+
+adapter = start(framework, recipe)
+open_run(adapter, recipe, 0)
+x, y = batch = take(load_data(recipe, None).train, np.arange(32))
+if framework == "torch":
+    reference = copy.deepcopy(adapter.net.module)
+    plain = torch.optim.SGD(groups(reference, 0.05), lr=0.5, momentum=0.9)
+    loss = F.cross_entropy(reference(torch.from_numpy(x).permute(0, 3, 1, 2)), torch.from_numpy(y))
+    loss.backward()
+    plain.step()
+    expected = [p.detach().numpy() for p in reference.parameters()]
+    adapter.train_step([batch], 0.5, 0, np.zeros(2))
+    rates = [group["lr"] for group in adapter.optimizer.param_groups]
+    trained = [p.detach().numpy() for p in adapter.net.module.parameters()]
+else:
+    reference = keras.models.clone_model(adapter.model)
+    reference.set_weights(adapter.model.get_weights())
+    plain = keras.optimizers.SGD(0.5, momentum=0.9)
+    with tf.GradientTape() as tape:
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, reference(x))
+    plain.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables),
+                              reference.trainable_variables))
+    expected = reference.get_weights()
+    adapter.train_step([batch], 0.5, 0, np.zeros(2))
+    rates = [float(adapter.optimizer.learning_rate.numpy())]
+    trained = adapter.model.get_weights()
+differences = [float(np.abs(a - b).max()) for a, b in zip(trained, expected, strict=True)]
+state = adapter.optimizer_state()  # its momentum, into a new run's optimizer and back
+open_run(adapter, recipe, 0)
+adapter.load_optimizer_state(state)
+restored = adapter.optimizer_state()
+same = sorted(restored) == sorted(state) and all(np.array_equal(state[k], restored[k])
+                                                 for k in state)
+open_run(adapter, recipe.with_overrides({"precision": "fp16-mixed"}), 0)  # scaled, wrapped
+before = adapter.weights()
+adapter.train_step([batch], 0.5, 0, np.zeros(2))
+moved = all(np.isfinite(v).all() for v in adapter.weights().values()) and any(
+    not np.array_equal(v, before[k]) for k, v in adapter.weights().items())
+errors = []
+for made in (1, 2):
+    def function(*arguments, made=made):
+        return wrong(*arguments)[made]
+    models = {"torch_model": model} if framework == "torch" else {"keras_model": model}
+    try:
+        open_run(adapter, Recipe(data=DATA, optimizer=function, **models), 0)
+        errors.append(None)
+    except UsageError as error:
+        errors.append(str(error))
+print(json.dumps({"learning_rate": adapter.learning_rate, "rates": rates,
+                  "difference": max(differences), "state": len(state), "restored": same,
+                  "fp16_moved": moved, "errors": errors}))
+"""
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_recipes_own_optimizer_takes_the_schedules_rate_in_each_groups_ratio(framework):
+    report = probe(OWN, framework)
+    assert report["learning_rate"] == pytest.approx(0.1)  # the one-process rate it scales
+    assert report["rates"] == pytest.approx([0.5, 0.05] if framework == "torch" else [0.5])
+    assert report["difference"] < 1e-6
+    assert report["state"] >= 4 and report["restored"]  # a momentum for each parameter, at least
+    assert report["fp16_moved"]
+    if framework == "torch":
+        assert report["errors"] == [
+            "optimizer.function (function) returned str; under torch it must return a "
+            "torch.optim.Optimizer over the module's parameters",
+            "optimizer.function (function): its parameter groups hold 2 tensors (2 of the "
+            "model's trainable ones), and the module has 4 trainable parameters; give each of "
+            "them to one group, once",
+        ]
+    else:
+        assert report["errors"] == [
+            "optimizer.function (function) returned str; under TensorFlow it must return a "
+            "Keras optimizer (keras.optimizers.Adam(...), ...), not wrapped: fp16-mixed wraps "
+            "it itself",
+            "optimizer.function (function): its optimizer has a learning rate schedule; give "
+            "it a number, and the schedule to the recipe's Schedule(warmup_epochs=..., "
+            "decay=...)",
+        ]

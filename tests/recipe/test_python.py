@@ -73,6 +73,11 @@ def test_another_object_by_name_and_a_module_by_import(tmp_path, monkeypatch):
         (GOOD, "Optimizer(weight_decay_exclude=['bias', ''])",
          "optimizer.weight_decay_exclude: expected a list of words"),
         (GOOD, "{'name': 'sgd'}", "mine.py: optimizer: expected Optimizer(...)"),
+        (GOOD, "Optimizer(function=3)",
+         "mine.py: optimizer.function: expected a function making the optimizer, got 3"),
+        (GOOD, "Optimizer(function=model, learning_rate=0.1)",
+         "mine.py: optimizer.learning_rate: the optimizer is made by optimizer.function; give "
+         "this setting to the optimizer it makes (only gradient_clip_norm applies beside it)"),
         (GOOD.replace("torch_model=model", "torch_model=model, layers=[1]"), "Optimizer()",
          "mine.py: model: give either layers (the neutral list) or torch_model"),
         (GOOD.replace("torch_model=model, ", ""), "Optimizer()", "mine.py: model: give either"),
@@ -144,3 +149,16 @@ def test_a_python_recipes_own_data_takes_the_data_workers_settings(tmp_path):
                                                 "timeout": 300.0}  # fmt: skip
     with pytest.raises(UsageError, match=r"^data: this recipe's data is a Python function"):
         recipe.with_overrides({"data.dataset": "mnist"})
+
+
+def test_a_python_recipes_own_optimizer_is_recorded_by_name_and_only_clipping_overrides(tmp_path):
+    text = GOOD.replace("def model():", "def make(module):\n    return module\n\ndef model():")
+    recipe = load_recipe(write(tmp_path, text, optimizer="make"))
+    assert recipe.optimizer.function.__name__ == "make"
+    assert recipe.settings_table()["optimizer"] == {"function": "python function make",
+                                                     "gradient_clip_norm": 0.0}  # fmt: skip
+    clipped = recipe.with_overrides({"optimizer.gradient_clip_norm": 1.0})
+    assert (clipped.optimizer.function, clipped.optimizer.gradient_clip_norm) == (
+        recipe.optimizer.function, 1.0)  # fmt: skip
+    with pytest.raises(UsageError, match=r"^optimizer.momentum: the optimizer is made by"):
+        recipe.with_overrides({"optimizer.momentum": 0.9})
