@@ -68,6 +68,12 @@ def saved_recipe(state: dict[str, Any], recipe_text: str, reference: str | None 
     recipe from its code (at `reference` if given, else where it was), with the saved
     settings."""
     path = Path(state["path"]) / "recipe.toml"
+    names_a_function = f'"{PYTHON_FUNCTION}' in recipe_text  # a value that starts with it
+    if reference is None and state["layout"] == "neutral" and not names_a_function:
+        return parse_toml_recipe(recipe_text, state["recipe"], str(path), path.parent)
+    recipe = load_recipe(reference or state["recipe_source"])
+    if state["layout"] == "neutral" and reference is not None:
+        return recipe
     tables = tomllib.loads(recipe_text)
     saved = {
         f"{section}.{key}": value
@@ -75,13 +81,6 @@ def saved_recipe(state: dict[str, Any], recipe_text: str, reference: str | None 
         for key, value in tables.get(section, {}).items()
         if key != "python" and not _function(value)
     }
-    functions = any(_function(v) for table in tables.values() if isinstance(table, dict)
-                    for v in table.values())  # fmt: skip
-    if reference is None and state["layout"] == "neutral" and not functions:
-        return parse_toml_recipe(recipe_text, state["recipe"], str(path), path.parent)
-    recipe = load_recipe(reference or state["recipe_source"])
-    if state["layout"] == "neutral" and reference is not None:
-        return recipe
     return recipe.with_overrides(saved)
 
 
