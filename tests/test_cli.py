@@ -135,6 +135,11 @@ BAD_INPUTS = [
     ("mistake in a Python recipe",
      lambda t, d, f: (["--recipe", python_recipe(t, "Optimizer(learning_rate=0)")], {}),
      "mine.py: optimizer.learning_rate: 0.0 is out of range; it must be positive"),
+    ("a table key beside a Python recipe's own optimizer",
+     lambda t, d, f: (["--recipe", python_recipe(t, "print"), "--set",
+                       "optimizer.weight_decay=0.1"], {}),
+     "override optimizer.weight_decay: the optimizer is made by optimizer.function; give this "
+     "setting to the optimizer it makes (only gradient_clip_norm applies beside it)"),
     ("npz data with labels out of range",
      lambda t, d, f: (["--recipe", npz_recipe(t, labels=12)], {}),
      "y_train has labels from 4 to 11, outside 0 to 9; fix the labels or data.num_classes"),
