@@ -279,13 +279,14 @@ class Exchange:
         else:
             self._send(list(range(len(self.parameters))), "hvd_train.step", control)
         self.watching = self.sending = False
-        for indices, handle, contexts in self.sent:
+        # Taken before waiting: a wait that fails (a rank lost, under the elastic driver) must
+        # not leave its handles to the step after the reset, which would wait on them again.
+        sent, self.sent = self.sent, []
+        for indices, handle, contexts in sent:
             averages = hvd.synchronize(handle)
             for index, average, context in zip(indices, averages, contexts, strict=False):
                 self.parameters[index].grad = self.compression.decompress(average, context)
-        control = averages[-1]
-        self.sent = []
-        return control
+        return averages[-1]
 
 
 class TorchAdapter(Adapter):
