@@ -8,12 +8,14 @@ In a Python recipe or a notebook:
 """
 
 from hvd_train.api import train
+from hvd_train.callbacks import Callback, State
 from hvd_train.launching import launch
 from hvd_train.layers import Layer
 from hvd_train.recipe import Data, Horovod, Loading, Optimizer, Recipe, Schedule
 from hvd_train.version import __version__
 
 __all__ = [
+    "Callback",
     "Data",
     "Horovod",
     "Layer",
@@ -21,6 +23,7 @@ __all__ = [
     "Optimizer",
     "Recipe",
     "Schedule",
+    "State",
     "__version__",
     "launch",
     "train",

@@ -22,7 +22,6 @@ from hvd_train.checkpoint import Checkpoint, checkpoints, remove_partial
 from hvd_train.data import Splits, load_data
 from hvd_train.errors import UsageError
 from hvd_train.evaluation import check_outputs_fit
-from hvd_train.hooks import default_hooks
 from hvd_train.metrics import MetricsWriter, write_summary
 from hvd_train.options import RunOptions
 from hvd_train.plot import plot_runs
@@ -167,14 +166,14 @@ def train_on_rank(
 
 
 def new_trainer(run: Run, data: Splits, options: RunOptions) -> Trainer:
-    """A trainer with its collaborators: the records, the snapshots, the hooks; once the
-    model's outputs are known to fit the labels."""
+    """A trainer with its collaborators: the records, the snapshots; once the model's outputs
+    are known to fit the labels."""
     check_outputs_fit(run.adapter, run.recipe, data.train)
     folder = output_dir(options)
     metrics = MetricsWriter(folder, len(data.train))
     snapshots = Snapshots(run, folder / "checkpoints", seed(options), options.limit_steps,
                           options.keep_checkpoints)  # fmt: skip
-    return Trainer(run, data, options, snapshots, metrics, default_hooks(options))
+    return Trainer(run, data, options, snapshots, metrics)
 
 
 def finish(folder: Path, summary: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +93,8 @@ class MetricsWriter:
                       "images_per_second": round(images_per_second, 1),
                       "step_ms": round(step_ms, 2)})  # fmt: skip
 
-    def eval(self, epoch: int, step: int, samples: int, results: dict[str, float]) -> None:
-        """An evaluation's loss and metrics, as `test_<name>`."""
-        figures = {f"test_{name}": value for name, value in results.items()}
+    def eval(self, epoch: int, step: int, samples: int, figures: Mapping[str, float]) -> None:
+        """An evaluation's loss and metrics, named as evaluated (`test_loss`, ...)."""
         self._append({"kind": "eval", "epoch": epoch, "step": step, "samples": samples,
                       **figures})  # fmt: skip
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from hvd_train.adapters import Adapter, Arrays, create_adapter
 from hvd_train.adapters.base import buckets
@@ -45,6 +46,7 @@ class Run:
     adapter: Adapter
     recipe: Recipe
     layout: Layout
+    model: Any  # the framework's own: a torch module, a Keras model
 
     def weights(self) -> Arrays:
         """The model's weights as checkpoints hold them."""
@@ -68,4 +70,4 @@ def open_run(framework: str | Adapter, recipe: Recipe, seed: int) -> Run:
     built = build_model(recipe, adapter.name, seed)
     assert isinstance(recipe.optimizer, Optimizer)  # a function given is one's `function`
     adapter.setup(built.model, recipe.optimizer, recipe.loss, recipe.horovod, precision)
-    return Run(adapter, recipe, built.layout)
+    return Run(adapter, recipe, built.layout, built.model)

@@ -22,12 +22,12 @@ class Snapshots:
         self.run, self.directory, self.keep = run, directory, keep
         self.seed, self.limit_steps = seed, limit_steps
 
-    def save(self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule) -> None:
-        """Rank 0 writes a checkpoint of `position`. A failed write stops every rank with its
-        message."""
+    def save(self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule) -> Path:
+        """Rank 0 writes a checkpoint of `position`; its path, on every rank. A failed write
+        stops every rank with its message."""
         adapter = self.run.adapter
         state = self.state(position, plan, schedule)
-        adapter.on_rank_zero(
+        return adapter.on_rank_zero(
             lambda: save_checkpoint(
                 self.directory, checkpoint_name(position.epoch, plan.samples(position)),
                 self.run.weights(), adapter.optimizer_state(), state,

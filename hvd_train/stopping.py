@@ -1,7 +1,8 @@
 """Stopping a job cleanly: on SIGTERM (Slurm and Kubernetes preempt with it) or SIGINT
-(Ctrl-C), and when rank 0 fails to write. A rank that wants to stop raises a flag; the flags
-travel with the next step's gradients, so every rank learns of it at the same step boundary
-without a collective of its own, and the job checkpoints there and ends.
+(Ctrl-C), when rank 0 fails to write, when a callback raises or asks to stop. A rank that wants
+to stop raises a flag; the flags travel with the next step's gradients, so every rank learns of
+it at the same step boundary without a collective of its own, and the job checkpoints there
+and ends. (At an epoch's end the loop gathers them at once: no step follows there.)
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopRequests:
-    """This rank's reasons to stop: a signal received, or a write that failed (rank 0)."""
+    """This rank's reasons to stop: a signal received, a write that failed (rank 0), a
+    callback that raised, a callback's request."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
-        self.failure: str | None = None
+        self.failure: str | None = None  # ends the job without writing more
+        self.error: str | None = None  # ends the job after a checkpoint
+        self.asked = False  # ends training as if at its last step
 
     def _received(self, signum: int, frame: FrameType | None) -> None:
         if self.signal is not None:  # the second one: the user insists
@@ -43,5 +47,16 @@ class StopRequests:
                 signal.signal(number, handler)
 
     def flags(self) -> np.ndarray:
-        """The flags for the next step: [signal received, write failed]."""
-        return np.array([self.signal is not None, self.failure is not None], np.float64)
+        """The flags for the next step: [signal received, write failed, a callback raised, a
+        callback asked to stop]."""
+        reasons = (self.signal, self.failure, self.error)
+        return np.array([*(reason is not None for reason in reasons), self.asked], np.float64)
+
+    def callback_flags(self) -> np.ndarray:
+        """The callbacks' flags alone, which the loop gathers at an epoch's end (signals and
+        failed writes wait for the next step, so that a finished run ends as finished)."""
+        return self.flags() * [0, 0, 1, 1]
+
+    def reasons(self) -> tuple[str | None, str | None, int | None, bool]:
+        """What `stop` gathers from every rank."""
+        return self.failure, self.error, self.signal, self.asked

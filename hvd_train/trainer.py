@@ -1,10 +1,11 @@
 """The framework-neutral training loop, shaped as pytorch/examples' DDP tutorial shapes it:
 `run_step`, `run_epoch`, `save_snapshot` (and `load_snapshot`), `fit`.
 
-It is handed its collaborators built: the run (adapter and model), the data, the metrics
-writer, the snapshots; what happens at a step's or an epoch's end besides training is a hook's
-(`hooks.py`). It talks to the framework only through the adapter. Rank 0 alone writes files and
-shows progress; every rank runs the same steps and collectives, and stops at the same step.
+It is handed its collaborators built: the run (adapter and model), the data, the records, the
+snapshots. What happens at its events besides training is its observers' (`observers.py`), then
+the recipe's callbacks' (`callbacks.py`), which it calls alike. It talks to the framework only
+through the adapter. Rank 0 alone writes files and shows progress; every rank runs the same
+steps and collectives, and stops at the same step.
 """
 
 from __future__ import annotations
@@ -17,19 +18,22 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from hvd_train.adapters.base import Elastic, ElasticState, StepResult
+from hvd_train.callbacks import State
 from hvd_train.checkpoint import Checkpoint
 from hvd_train.data import Splits
 from hvd_train.data.pipeline import Step, Taken, augmentation, read_ahead, workers_for
 from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.errors import Stopped, UsageError
-from hvd_train.hooks import Hook
+from hvd_train.evaluation import evaluate
 from hvd_train.metrics import MetricsWriter, write_error
+from hvd_train.observers import loop_observers
 from hvd_train.options import RunOptions
 from hvd_train.position import EpochPlan, Position
 from hvd_train.run import Run
@@ -53,17 +57,23 @@ def step_seed(seed: int, global_step: int, rank: int) -> int:
 
 class Trainer:
     def __init__(self, run: Run, data: Splits, options: RunOptions, snapshots: Snapshots,
-                 metrics: MetricsWriter, hooks: list[Hook]) -> None:  # fmt: skip
-        self.run, self.data, self.options, self.hooks = run, data, options, hooks
+                 records: MetricsWriter) -> None:  # fmt: skip
+        self.run, self.data, self.options = run, data, options
         self.adapter, self.recipe = run.adapter, run.recipe
-        self.snapshots, self.metrics = snapshots, metrics
+        self.snapshots, self.records = snapshots, records
         assert options.output_dir is not None and options.seed is not None, "decided by now"
         self.output_dir, self.seed = options.output_dir, options.seed
         self.throughput = Throughput()
         self.elastic_state: ElasticState | None = None
         self.requests = StopRequests()
         self.workers = 0  # the data workers of the epoch that trains
-        self.last_eval = dict.fromkeys(["loss", *self.recipe.metric_functions], float("nan"))
+        self.epoch, self.position = 0, Position(0, 0)  # the epoch under way, the step done
+        self.saved: Position | None = None  # where the last checkpoint was
+        names = ["loss", *self.recipe.metric_functions]
+        self.tested = {f"test_{name}": float("nan") for name in names}  # the last evaluation
+        self.figures: dict[str, float] = {}  # the latest, as callbacks see them
+        self.observers = loop_observers(self, options)
+        self.callbacks = list(self.recipe.callbacks)
         self.resize()
 
     def resize(self) -> None:
@@ -71,7 +81,7 @@ class Trainer:
         new shard), global batch, learning rate, and who writes the records. Called again when
         an elastic job resizes (rank 0 may then be another process)."""
         world_size, recipe = self.adapter.world_size, self.recipe
-        self.metrics.enabled = self.adapter.is_rank_zero
+        self.records.enabled = self.adapter.is_rank_zero
         self.plan = EpochPlan.for_world(
             len(self.data.train), world_size, recipe.schedule, recipe.horovod,
             self.options.limit_steps,
@@ -94,8 +104,8 @@ class Trainer:
         started = time.perf_counter()
         taken = next(batches)
         waited = time.perf_counter() - started
-        if self.metrics.failure:
-            self.requests.failure = self.metrics.failure
+        if self.records.failure:
+            self.requests.failure = self.records.failure
         result = adapter.train_step(
             taken, self.schedule(step), step_seed(self.seed, step, adapter.rank),
             self.requests.flags(),
@@ -104,18 +114,19 @@ class Trainer:
         self.throughput.add(images, time.perf_counter() - started, result, waited)
         return result
 
-    def run_epoch(self, epoch: int, first_step: int) -> float:
-        """Trains epoch `epoch` from `first_step` on; the loss averaged over ranks and steps."""
+    def run_epoch(self, epoch: int, first_step: int) -> bool:
+        """Trains epoch `epoch` from `first_step` on, then evaluates; whether training goes on
+        (no callback asked it to stop)."""
         adapter, steps = self.adapter, self.plan.steps_per_epoch
         order = epoch_order(len(self.data.train), self.seed, epoch)
         shard = shard_steps(order, adapter.rank, adapter.world_size,
                             self.recipe.schedule.batch_size,
                             self.recipe.horovod.backward_passes_per_step)  # fmt: skip
-        for hook in self.hooks:
-            hook.before_epoch(self, epoch, first_step)
+        self.epoch, self.position = epoch, Position(epoch, first_step)
+        self.notify("on_epoch_start")
         loading = self.recipe.loading
         self.workers = workers_for(loading.workers, self.data.train, adapter.threads_per_rank())
-        total = 0.0
+        losses, asked = [], False
         augment = augmentation(self.recipe.transforms(), self.seed, epoch)
         reading = read_ahead(self.data.train, shard[first_step:steps], self.workers,
                              loading.prefetch, augment, loading.timeout)  # fmt: skip
@@ -123,16 +134,33 @@ class Trainer:
             for index in range(first_step, steps):
                 step = self.plan.global_step(Position(epoch, index))
                 result = self.run_step(batches, shard[index], step)
-                done = Position(epoch, index + 1)
-                self.check_step(result, done)
-                total += result.loss
-                for hook in self.hooks:
-                    hook.after_step(self, done, result)
-        return total / max(1, steps - first_step)
+                self.position = Position(epoch, index + 1)
+                asked = self.check_step(result)
+                losses.append(result.loss)
+                self.figures.update(loss=result.loss, learning_rate=self.schedule(step))
+                self.notify("on_step_end")
+                if asked:
+                    break
+        self.end_epoch(float(np.mean(losses)) if losses else float("nan"))
+        return not (asked or self.gather_stops(self.requests.callback_flags()))
 
-    def check_step(self, result: StepResult, done: Position) -> None:
+    def end_epoch(self, train_loss: float) -> None:
+        """The epoch's end (or a stop's, part way through it): the evaluation, then the
+        observers (the replica check, the checkpoint, ...) and the callbacks."""
+        if self.position.step == self.plan.steps_per_epoch:
+            self.position = Position(self.epoch + 1, 0)
+        self.figures["loss"] = train_loss
+        results = evaluate(self.adapter, self.data.test, self.recipe.metric_functions)
+        self.tested = {f"test_{name}": value for name, value in results.items()}
+        self.figures.update(self.tested)
+        self.notify("on_evaluate", MappingProxyType(dict(self.tested)))
+        self.notify("on_epoch_end")
+
+    def check_step(self, result: StepResult) -> bool:
         """Stops every rank, at the same step, when the step's numbers are not finite or any
-        rank asked to stop; the numbers are the same on every rank, so all decide alike."""
+        rank asked to stop; the numbers are the same on every rank, so all decide alike.
+        Whether a callback asked for the stop (training then ends as at its last step)."""
+        done = self.position
         if not (math.isfinite(result.loss) and math.isfinite(result.gradient_norm)):
             what = "loss" if not math.isfinite(result.loss) else "gradient norm"
             value = result.loss if what == "loss" else result.gradient_norm
@@ -143,33 +171,84 @@ class Trainer:
                 "continue from the newest checkpoint with --resume",
                 every_rank=True,
             )
-        if result.flags.any():
-            self.stop(done)
+        return bool(result.flags.any()) and self.stop()
 
-    def stop(self, done: Position) -> None:
-        """Acts on a stop that some rank asked for: a failed write ends the job with its
-        message; a signal, with a checkpoint at `done` and how to resume."""
-        failures = [f for f in self.adapter.allgather_object(self.requests.failure) if f]
-        if failures:
-            raise UsageError(failures[0], every_rank=True)
-        signum = next(s for s in self.adapter.allgather_object(self.requests.signal) if s)
-        self.save_snapshot(done)
-        message = (
-            f"stopped by {signal.Signals(signum).name} at step {done.step} of epoch "
-            f"{done.epoch + 1}, after saving a checkpoint; continue with: hvd-train --resume "
-            f"--output-dir {self.output_dir}"
-        )
-        if self.adapter.is_rank_zero:
-            tqdm.write(f"hvd-train: {message}")
-        raise Stopped(signum, message)
+    def gather_stops(self, flags: np.ndarray) -> bool:
+        """Where no step follows to carry them: `flags` summed over the ranks at once, and
+        acted on; whether a callback asked to stop."""
+        return bool(self.adapter.allreduce_sum(flags).any()) and self.stop()
+
+    def stop(self) -> bool:
+        """Acts on the stops that some rank asked for, on every rank together: a failed write
+        ends the job with its message; a callback that raised, or a signal, with a checkpoint
+        here and how to resume. True when only a callback's request is left."""
+        everyone = self.adapter.allgather_object(self.requests.reasons())
+        failures, errors, signals, asked = ([reasons[k] for reasons in everyone] for k in range(4))
+        if any(failures):
+            raise UsageError(next(f for f in failures if f), every_rank=True)
+        if (any(errors) or any(signals)) and self.saved != self.position:
+            self.save_snapshot(self.position)
+        resume = f"continue with: hvd-train --resume --output-dir {self.output_dir}"
+        where = self.where()
+        if any(errors):
+            rank, error = next((rank, e) for rank, e in enumerate(errors) if e)
+            on_rank = f"rank {rank}: " if self.adapter.world_size > 1 else ""
+            raise UsageError(
+                f"{on_rank}{error}; training stopped {where} after saving a checkpoint; fix "
+                f"the callback and {resume}",
+                every_rank=True,
+            )
+        if any(signals):
+            signum = next(s for s in signals if s)
+            name = signal.Signals(signum).name
+            message = f"stopped by {name} {where}, after saving a checkpoint; {resume}"
+            if self.adapter.is_rank_zero:
+                tqdm.write(f"hvd-train: {message}")
+            raise Stopped(signum, message)
+        return any(asked)
+
+    def where(self) -> str:
+        """`at step 3 of epoch 2`, `at the end of epoch 1`: the position in a message."""
+        if self.position == Position(0, 0):
+            return "before its first step"
+        if self.position.step == 0:
+            return f"at the end of epoch {self.position.epoch}"
+        return f"at step {self.position.step} of epoch {self.position.epoch + 1}"
+
+    def notify(self, event: str, *details: Any) -> None:
+        """Calls `event` of the loop's observers, then of the recipe's callbacks. A callback
+        that raises does not stop this rank at once (the others would wait for it in the next
+        collective): its error becomes a stop request, which every rank acts on together."""
+        state = State(self.adapter.rank, self.adapter.world_size, self.epoch,
+                      self.plan.global_step(self.position), MappingProxyType(dict(self.figures)),
+                      self.run.model, self.ask_to_stop)  # fmt: skip
+        for observer in self.observers:
+            getattr(observer, event)(state, *details)
+        for callback in self.callbacks:
+            try:
+                getattr(callback, event)(state, *details)
+            except Exception as error:
+                if self.requests.error is None:
+                    text = next(iter(str(error).splitlines()), "")
+                    name = type(callback).__name__
+                    self.requests.error = (
+                        f"callback {name} raised {type(error).__name__} in {event}: {text}"
+                    )
+
+    def ask_to_stop(self) -> None:
+        self.requests.asked = True
 
     def save_snapshot(self, position: Position) -> None:
-        self.snapshots.save(position, self.plan, self.schedule)
+        """Rank 0 saves a checkpoint of `position`; every rank's observers and callbacks are
+        told where."""
+        path = self.snapshots.save(position, self.plan, self.schedule)
+        self.saved = position
+        self.notify("on_checkpoint", path)
 
     def load_snapshot(self, checkpoint: Checkpoint) -> Position:
         """Rank 0 resumes from `checkpoint`; records after it are dropped, to be made anew."""
         position = self.snapshots.load(checkpoint, self.plan)
-        self.metrics.keep_until(self.examples(position))
+        self.records.keep_until(self.examples(position))
         return position
 
     def commit(self, position: Position) -> None:
@@ -180,15 +259,21 @@ class Trainer:
         self.elastic_state.commit()
 
     def fit(self, start: Position) -> dict[str, Any]:
-        """Trains from `start` to the recipe's last epoch; the run's summary."""
+        """Trains from `start` to the recipe's last epoch, or to a callback's stop; the run's
+        summary."""
         started = time.perf_counter()
+        self.epoch, self.position = start.epoch, start
         with self.requests.catching_signals():
+            self.notify("on_train_start")
+            going = not self.gather_stops(self.requests.callback_flags())
             for epoch in range(start.epoch, self.recipe.schedule.epochs):
-                train_loss = self.run_epoch(epoch, start.step if epoch == start.epoch else 0)
-                for hook in self.hooks:
-                    hook.after_epoch(self, epoch, train_loss)
-        self.metrics.close()
-        return self.summary(time.perf_counter() - started)
+                if not going:
+                    break
+                going = self.run_epoch(epoch, start.step if epoch == start.epoch else 0)
+            self.notify("on_train_end")
+            self.gather_stops(self.requests.callback_flags() * [0, 0, 1, 0])
+        self.records.close()
+        return self.summary(time.perf_counter() - started, stopped=not going)
 
     def fit_elastic(self, begin: Callable[[], Position]) -> dict[str, Any]:
         """`fit` under Horovod's elastic driver. The job's first pass through the loop calls
@@ -219,9 +304,9 @@ class Trainer:
             self.snapshots.directory.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise UsageError(write_error(self.snapshots.directory, error)) from None
-        self.metrics.keep_until(self.examples(position))
+        self.records.keep_until(self.examples(position))
 
-    def summary(self, seconds: float) -> dict[str, Any]:
+    def summary(self, seconds: float, stopped: bool) -> dict[str, Any]:
         adapter, recipe = self.adapter, self.recipe
         return {
             "recipe": recipe.name,
@@ -230,7 +315,8 @@ class Trainer:
             "epochs": recipe.schedule.epochs,
             "global_batch_size": self.plan.global_batch,
             "learning_rate": self.schedule.peak,
-            **{f"test_{name}": value for name, value in self.last_eval.items()},
+            **self.tested,
+            "stopped_by_callback": stopped,  # before the last epoch
             "train_seconds": round(seconds, 2),
             **self.throughput.figures(),
             "hosts": dict(Counter(adapter.allgather_object(host_name()))),

@@ -24,7 +24,7 @@ def writer(folder, enabled=True) -> MetricsWriter:
 def test_records_carry_samples_and_epochs_and_reach_tensorboard(tmp_path):
     metrics = writer(tmp_path)
     metrics.train(1, 10, 640, 0.5, [0.0005, 0.001], 1234.56, 7.891)
-    metrics.eval(1, 16, 1000, {"loss": 0.25, "accuracy": 0.9, "mse": 0.5})
+    metrics.eval(1, 16, 1000, {"test_loss": 0.25, "test_accuracy": 0.9, "test_mse": 0.5})
     metrics.close()
     assert records(tmp_path) == [
         {"kind": "train", "epoch": 1, "step": 10, "samples": 640, "loss": 0.5,

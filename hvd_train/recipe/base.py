@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvd_train.callbacks import Callback
 from hvd_train.errors import UsageError
 from hvd_train.layers import Layer, checked_layers
 from hvd_train.recipe.settings import (
@@ -31,6 +32,23 @@ from hvd_train.recipe.settings import (
 from hvd_train.scoring import BUILT_IN, NAME, Metric, metric_name
 
 FRAMEWORKS = ("torch", "tensorflow")
+
+
+def checked_callbacks(callbacks: Any) -> tuple[Callback, ...]:
+    if isinstance(callbacks, Callback) or not isinstance(callbacks, tuple | list):
+        raise UsageError(f"callbacks: expected a list of callbacks, got {callbacks!r}")
+    for callback in callbacks:
+        if isinstance(callback, type) and issubclass(callback, Callback):
+            raise UsageError(
+                f"callbacks: {callback.__name__} is a class; give an object of it: "
+                f"{callback.__name__}()"
+            )
+        if not isinstance(callback, Callback):
+            raise UsageError(
+                f"callbacks: {callback!r} is not a callback; subclass hvd_train.Callback and "
+                "override the events it needs (on_step_end, on_evaluate, ...)"
+            )
+    return tuple(callbacks)
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,7 @@ class Recipe:
     `transform`: `(x, rng) -> x`, one training example's input (height, width, channels) and
     a NumPy Generator seeded from (seed, epoch, example); it runs in the data workers. With
     `Data(...)`, its `transforms` list does the same from settings.
+    `callbacks`: `hvd_train.Callback` objects, called at the loop's events on every rank.
     """
 
     data: Data | Callable[[], Any]
@@ -70,6 +89,7 @@ class Recipe:
     horovod: Horovod = field(default_factory=Horovod)
     loading: Loading = field(default_factory=Loading)
     transform: Callable[[Any, Any], Any] | None = None
+    callbacks: tuple[Callback, ...] = ()
     description: str = ""
     name: str = "recipe"  # set by the loader: the file's or object's name
     source: str = ""  # set by the loader: where the recipe came from
@@ -78,6 +98,7 @@ class Recipe:
     def __post_init__(self) -> None:
         if self.transform is not None and not callable(self.transform):
             raise UsageError("transform: expected a function (x, rng) -> x")
+        object.__setattr__(self, "callbacks", checked_callbacks(self.callbacks))
         if not isinstance(self.data, Data) and not callable(self.data):
             raise UsageError(
                 "data: expected Data(...) or a function returning "

@@ -31,6 +31,7 @@ from tests.multiprocess.conftest import (
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 DIVERGING = str(HERE / "diverging.py")
+EVENTS_RECIPE = str(HERE.parent / "events_recipe.py")
 
 
 def records(run: Path) -> list[dict]:
@@ -137,6 +138,34 @@ def test_gradients_that_turn_nan_stop_every_rank_before_saving_them(tmp_path):
                       "--checkpoint-every", "5", "--output-dir", str(run))  # fmt: skip
     assert "error: the gradient norm became nan at step 13 of epoch 1" in line
     assert len(assert_all_finite(run)) == 2
+
+
+def test_a_callback_on_one_rank_stops_every_rank_at_the_same_step(tmp_path, monkeypatch):
+    # Rank 1 alone asks for a stop at step 2: it travels with step 3's gradients, and both
+    # ranks end there, with a checkpoint, the evaluation and their last events alike.
+    monkeypatch.setenv("EVENTS", str(tmp_path / "events"))
+    monkeypatch.setenv("STOP", "on_step_end:2:1")
+    run = tmp_path / "run"
+    horovodrun("-m", "hvd_train", "--recipe", EVENTS_RECIPE, "--output-dir", str(run))
+    seen = [[json.loads(line) for line in (tmp_path / f"events.{rank}").read_text().splitlines()]
+            for rank in (0, 1)]  # fmt: skip
+    assert seen[0] == seen[1]
+    assert [(e["event"], e["step"]) for e in seen[0][-3:]] == [
+        ("on_checkpoint", 3), ("on_epoch_end", 3), ("on_train_end", 3)
+    ]  # fmt: skip
+    assert [p.name for p in checkpoints(run / "checkpoints")] == [checkpoint_name(0, 3 * 64)]
+    assert json.loads((run / "summary.json").read_text())["stopped_by_callback"] is True
+    # Rank 1's callback raises at step 2: one line naming it, and the same checkpoint.
+    monkeypatch.delenv("STOP")
+    monkeypatch.setenv("RAISE", "on_step_end:2:1")
+    run = tmp_path / "raised"
+    line = failed_job("--recipe", EVENTS_RECIPE, "--output-dir", str(run))
+    assert line.endswith(
+        "hvd-train: error: rank 1: callback Events raised ValueError in on_step_end: asked to "
+        "raise at step 2; training stopped at step 3 of epoch 1 after saving a checkpoint; fix "
+        f"the callback and continue with: hvd-train --resume --output-dir {run}"
+    )
+    assert [p.name for p in checkpoints(run / "checkpoints")] == [checkpoint_name(0, 3 * 64)]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

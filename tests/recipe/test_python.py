@@ -11,6 +11,7 @@ from hvd_train.recipe import is_python_reference, load_recipe
 
 GOOD = """
 from hvd_train import Data, Optimizer, Recipe, Schedule
+from hvd_train import Callback
 
 def model():
     raise AssertionError("not built in these tests")
@@ -91,7 +92,14 @@ def test_another_object_by_name_and_a_module_by_import(tmp_path, monkeypatch):
          "mine.py: recipe is nothing, not a hvd_train.Recipe; define recipe = "),
         (GOOD.replace("recipe = Recipe(", "recipe = dict("), "Optimizer()",
          "mine.py: recipe is a dict, not a hvd_train.Recipe"),
-        (GOOD + "\nif True\n", "Optimizer()", "mine.py:10: expected ':'; fix the recipe's syntax"),
+        (GOOD + "\nif True\n", "Optimizer()", "mine.py:11: expected ':'; fix the recipe's syntax"),
+        (GOOD.replace("torch_model=model", "torch_model=model, callbacks=[Callback]"),
+         "Optimizer()", "mine.py: callbacks: Callback is a class; give an object of it"),
+        (GOOD.replace("torch_model=model", "torch_model=model, callbacks=[print]"),
+         "Optimizer()", "mine.py: callbacks: <built-in function print> is not a callback; "
+         "subclass hvd_train.Callback"),
+        (GOOD.replace("torch_model=model", "torch_model=model, callbacks=Callback()"),
+         "Optimizer()", "mine.py: callbacks: expected a list of callbacks, got <hvd_train"),
     ],
 )  # fmt: skip
 def test_mistakes_in_a_python_recipe_are_one_line_naming_the_file(

@@ -1,0 +1,202 @@
+"""The loop's own work at its events, besides training: progress and records, mid-epoch and
+end-of-epoch checkpoints, the replica check, elastic commits. Each is a `Callback` that reads
+the loop through `Loop`; every rank calls the same ones in the same order, so their collectives
+match. The loop imports them; they import nothing of the loop's."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from typing import Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from hvd_train.adapters import Adapter
+from hvd_train.adapters.base import ElasticState
+from hvd_train.callbacks import Callback, State
+from hvd_train.errors import ReplicasDiverged
+from hvd_train.metrics import MetricsWriter
+from hvd_train.options import RunOptions
+from hvd_train.position import EpochPlan, Position
+from hvd_train.progress import EpochProgress
+from hvd_train.recipe import Recipe
+from hvd_train.schedule import LearningRateSchedule
+from hvd_train.scoring import describe
+from hvd_train.throughput import Throughput
+
+DATA_WAIT_SHARE = 0.1  # of the steps' time, waiting for batches, that Reporting points out
+
+
+class Loop(Protocol):
+    """What the observers read of the loop that calls them (`trainer.Trainer`)."""
+
+    adapter: Adapter
+    recipe: Recipe
+    plan: EpochPlan
+    schedule: LearningRateSchedule
+    throughput: Throughput
+    records: MetricsWriter
+    position: Position  # the step just done; at an epoch's end, (next epoch, 0)
+    workers: int  # the data workers of the epoch that trains
+    elastic_state: ElasticState | None
+
+    def examples(self, position: Position) -> int: ...
+
+    def save_snapshot(self, position: Position) -> None: ...
+
+    def commit(self, position: Position) -> None: ...
+
+
+class Observer(Callback):
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+
+
+class Reporting(Observer):
+    """Rank 0's progress bar (or plain lines), its records and its line at each epoch's end:
+    every `every` steps and at the epoch's end, the mean loss of the steps since the last
+    record, and their speed; each evaluation's figures."""
+
+    def __init__(self, loop: Loop, every: int) -> None:
+        super().__init__(loop)
+        self.every = every
+        self.losses: list[float] = []
+        self.bar = EpochProgress("", 0, 0, False)
+        self.records = 0
+        self.said_data_waits = False
+        self.started = time.perf_counter()
+
+    def on_epoch_start(self, state: State) -> None:
+        loop = self.loop
+        label = f"epoch {state.epoch + 1}/{loop.recipe.schedule.epochs}"
+        steps = loop.plan.steps_per_epoch
+        self.bar = EpochProgress(label, loop.position.step, steps, loop.adapter.is_rank_zero)
+        self.losses = []
+        self.started = time.perf_counter()
+
+    def on_step_end(self, state: State) -> None:
+        done = self.loop.position
+        self.losses.append(state.metrics["loss"])
+        if len(self.losses) == self.every or done.step == self.loop.plan.steps_per_epoch:
+            self.record(done)
+        self.bar.step(done.step)
+
+    def record(self, done: Position) -> None:
+        loop = self.loop
+        images, seconds = loop.throughput.since_last_record()
+        step = loop.plan.global_step(done) - 1
+        average = float(np.mean(self.losses))
+        rates = [loop.schedule(s) for s in range(step + 1 - len(self.losses), step + 1)]
+        speed = images / max(seconds, 1e-9)
+        self.bar.show(loss=f"{average:.4f}", lr=f"{rates[-1]:.2e}", images_per_s=f"{speed:.0f}")
+        loop.records.train(done.epoch + 1, step + 1, loop.examples(done), average, rates,
+                           speed, 1000 * seconds / len(self.losses))  # fmt: skip
+        self.losses = []
+        self.records += 1
+        self.say_if_data_waits()
+
+    def say_if_data_waits(self) -> None:
+        """Once, on rank 0, from the second record on (the first holds the workers' start):
+        the steps waited for their batches for more than a tenth of their time."""
+        share = self.loop.throughput.data_share()
+        if self.said_data_waits or self.records < 2 or share <= DATA_WAIT_SHARE:
+            return
+        self.said_data_waits = True
+        if self.loop.adapter.is_rank_zero:
+            tqdm.write(
+                f"hvd-train: the steps waited for their batches {100 * share:.0f}% of the time "
+                f"with {self.loop.workers} data workers; read further ahead with more "
+                "(--set data.workers=N, [data] workers in the recipe) or from faster storage"
+            )
+
+    def on_evaluate(self, state: State, metrics: Mapping[str, float]) -> None:
+        loop = self.loop
+        loop.records.eval(state.epoch + 1, state.step, loop.examples(loop.position), metrics)
+
+    def on_epoch_end(self, state: State) -> None:
+        if self.losses:  # a stop part way through the epoch: the steps since the last record
+            self.record(self.loop.position)
+        self.bar.close()
+        if self.loop.adapter.is_rank_zero:
+            tested = {k.removeprefix("test_"): v for k, v in state.metrics.items()
+                      if k.startswith("test_")}  # fmt: skip
+            tqdm.write(
+                f"epoch {state.epoch + 1}/{self.loop.recipe.schedule.epochs}: train loss "
+                f"{state.metrics['loss']:.4f}, {describe(tested)} "
+                f"({time.perf_counter() - self.started:.1f} s)"
+            )
+
+
+class Checkpoints(Observer):
+    """A checkpoint at each epoch's end, and every `every` global steps within an epoch."""
+
+    def __init__(self, loop: Loop, every: int | None) -> None:
+        super().__init__(loop)
+        self.every = every
+
+    def on_step_end(self, state: State) -> None:
+        done = self.loop.position
+        within = done.step < self.loop.plan.steps_per_epoch  # the epoch's end saves anyway
+        if self.every and state.step % self.every == 0 and within:
+            self.loop.save_snapshot(done)
+
+    def on_epoch_end(self, state: State) -> None:
+        self.loop.save_snapshot(self.loop.position)
+
+
+class ReplicaCheck(Observer):
+    """Every rank must hold the same trained weights and optimizer state, bit for bit. A
+    difference means the replicas diverged (a bug in hvd_train, Horovod or the model's code),
+    which would otherwise train on silently. Each rank hashes each tensor; the hashes, not the
+    tensors, are gathered. Before the epoch's checkpoint, so a diverged epoch is never saved."""
+
+    def on_epoch_end(self, state: State) -> None:
+        adapter = self.loop.adapter
+        trained = adapter.trained_state()
+        digests = [hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=8).digest()
+                   for array in trained.values()]  # fmt: skip
+        everyone = adapter.allgather_object((list(trained), digests))
+        names, ours = everyone[0]  # rank 0's
+        differing = [
+            (name, rank)
+            for index, name in enumerate(names)
+            for rank, (their_names, theirs) in enumerate(everyone)
+            if their_names != names or theirs[index] != ours[index]
+        ]
+        if differing:
+            name, rank = differing[0]
+            count = len({tensor for tensor, _ in differing})
+            raise ReplicasDiverged(
+                f"after epoch {state.epoch + 1}, rank {rank} holds another {name} than rank 0 "
+                f"({count} of {len(names)} tensors differ): the replicas diverged, which is a "
+                "bug, and training stopped before saving this epoch; please report it with the "
+                "run's command"
+            )
+
+
+class ElasticCommits(Observer):
+    """Under the elastic driver, a commit every `every` global steps and at each epoch's end:
+    a failure rolls back to the last one."""
+
+    def __init__(self, loop: Loop, every: int) -> None:
+        super().__init__(loop)
+        self.every = every
+
+    def on_step_end(self, state: State) -> None:
+        if self.loop.elastic_state and state.step % self.every == 0:
+            self.loop.commit(self.loop.position)
+
+    def on_epoch_end(self, state: State) -> None:
+        if self.loop.elastic_state:
+            self.loop.commit(self.loop.position)
+
+
+def loop_observers(loop: Loop, options: RunOptions) -> list[Callback]:
+    """The loop's own observers, in the order it calls them: the replica check before the
+    epoch's checkpoint, the checkpoint before the elastic commit, the epoch's line last."""
+    observers: list[Callback] = [ReplicaCheck(loop), Checkpoints(loop, options.checkpoint_every)]
+    if options.elastic:
+        observers.append(ElasticCommits(loop, options.commit_every))
+    return [*observers, Reporting(loop, options.log_every)]

@@ -1,0 +1,132 @@
+"""The loop's events as a recipe's callback sees them, at world size 1 (one process, no
+horovodrun): their order and state against what the run recorded, stops asked for at a step and
+at an evaluation, and a callback that raises. (Two ranks: tests/multiprocess/test_stops.py.)"""
+
+import dataclasses
+import json
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+
+from hvd_train import Callback, State
+from hvd_train.checkpoint import checkpoint_name
+from tests.conftest import FRAMEWORKS, REPO
+from tests.helpers import evaluation, hvd_train
+
+RECIPE = str(REPO / "tests" / "events_recipe.py")
+STEPS = 12  # per epoch: 384 examples in batches of 32
+
+
+def train(tmp_path: Path, framework: str, *arguments: str, **env: str):
+    """The events recipe trained in one process; its result and each event it saw."""
+    out = tmp_path / "run"
+    result = hvd_train("--recipe", RECIPE, "--framework", framework, "--output-dir", str(out),
+                       "--log-every", "1", *arguments,
+                       env={"EVENTS": str(tmp_path / "events"), **env})  # fmt: skip
+    lines = (tmp_path / "events.0").read_text().splitlines()
+    return result, [json.loads(line) for line in lines]
+
+
+def records(tmp_path: Path, kind: str) -> list[dict]:
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def summary(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "run" / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_callbacks_see_every_event_in_order_with_the_figures_the_run_records(framework, tmp_path):
+    result, events = train(tmp_path, framework)
+    assert result.returncode == 0, result.stderr
+    epoch = ["on_epoch_start", *["on_step_end"] * STEPS, "on_evaluate", "on_checkpoint",
+             "on_epoch_end"]  # fmt: skip
+    assert [e["event"] for e in events] == ["on_train_start", *epoch, *epoch, "on_train_end"]
+    assert events[0]["model"].startswith("keras" if framework == "tensorflow" else "torch")
+    steps = [e for e in events if e["event"] == "on_step_end"]
+    assert [e["step"] for e in steps] == list(range(1, 2 * STEPS + 1))
+    assert [e["epoch"] for e in steps] == [0] * STEPS + [1] * STEPS
+    # Each step's loss and learning rate are those its record holds (--log-every 1).
+    trained = records(tmp_path, "train")
+    assert [(e["metrics"]["loss"], e["metrics"]["learning_rate"]) for e in steps] == [
+        (r["loss"], r["learning_rate"]) for r in trained
+    ]
+    # Each evaluation's figures are its record's, and the last is the summary's.
+    evaluated = [e for e in events if e["event"] == "on_evaluate"]
+    assert [e["figures"] for e in evaluated] == [
+        {k: v for k, v in r.items() if k.startswith("test_")} for r in records(tmp_path, "eval")
+    ]
+    assert evaluated[-1]["figures"].items() <= summary(tmp_path).items()
+    assert [e["step"] for e in evaluated] == [STEPS, 2 * STEPS]
+    # The checkpoint is on disk when its callback runs, and the epoch's end sees the figures.
+    saved = [e for e in events if e["event"] == "on_checkpoint"]
+    assert [Path(e["path"]).name for e in saved] == [checkpoint_name(1, 0), checkpoint_name(2, 0)]
+    assert all(e["saved"] for e in saved)
+    end = next(e for e in events if e["event"] == "on_epoch_end")
+    assert end["epoch"] == 0 and end["metrics"]["test_loss"] == evaluated[0]["figures"]["test_loss"]
+    assert end["metrics"]["loss"] == pytest.approx(
+        sum(e["metrics"]["loss"] for e in steps[:STEPS]) / STEPS
+    )
+    assert summary(tmp_path)["stopped_by_callback"] is False
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_stop_asked_at_a_step_ends_training_after_the_next_as_at_its_end(framework, tmp_path):
+    result, events = train(tmp_path, framework, "--log-every", "4", STOP="on_step_end:5")
+    assert result.returncode == 0, result.stderr
+    assert [r["step"] for r in records(tmp_path, "train")] == [4, 6]  # the stop's steps too
+    assert [e["event"] for e in events[-5:]] == ["on_step_end", "on_evaluate", "on_checkpoint",
+                                                 "on_epoch_end", "on_train_end"]  # fmt: skip
+    assert max(e["step"] for e in events) == 6
+    run = tmp_path / "run"
+    assert [p.name for p in (run / "checkpoints").iterdir()] == [checkpoint_name(0, 6 * 32)]
+    figures = summary(tmp_path)
+    assert figures["stopped_by_callback"] is True
+    # The summary evaluates the weights it stopped with: those of the checkpoint.
+    alone = evaluation(run, "--framework", framework)
+    assert alone["test_loss"] == pytest.approx(figures["test_loss"], rel=1e-6)
+
+
+def test_a_stop_asked_at_an_evaluation_ends_training_at_that_epoch(tmp_path):
+    result, events = train(tmp_path, "torch", STOP="on_evaluate:-1")
+    assert result.returncode == 0, result.stderr
+    assert [e["event"] for e in events[-3:]] == ["on_checkpoint", "on_epoch_end", "on_train_end"]
+    assert max(e["step"] for e in events) == STEPS
+    assert summary(tmp_path)["stopped_by_callback"] is True
+
+
+@pytest.mark.parametrize(
+    ("event", "where", "saved"),
+    [("on_step_end", "at step 4 of epoch 1", checkpoint_name(0, 4 * 32)),
+     ("on_evaluate", "at the end of epoch 1", checkpoint_name(1, 0)),
+     ("on_train_start", "before its first step", checkpoint_name(0, 0))],
+)  # fmt: skip
+def test_a_callback_that_raises_is_one_line_and_training_resumes_from_its_checkpoint(
+    event, where, saved, tmp_path
+):
+    step = {"on_step_end": 3, "on_evaluate": STEPS, "on_train_start": 0}[event]
+    result, _ = train(tmp_path, "torch", RAISE=f"{event}:{step}")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"hvd-train: error: callback Events raised ValueError in {event}: asked to raise at "
+        f"step {step}; training stopped {where} after saving a checkpoint; fix the callback "
+        f"and continue with: hvd-train --resume --output-dir {tmp_path / 'run'}"
+    )
+    assert saved in [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()]
+    again, events = train(tmp_path, "torch", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert summary(tmp_path)["epochs"] == 2 and events[-1]["step"] == 2 * STEPS
+
+
+def test_the_state_a_callback_sees_is_read_only():
+    asked = []
+    state = State(0, 1, 0, 3, MappingProxyType({"loss": 0.5}), None, lambda: asked.append(1))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.step = 4  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        state.metrics["loss"] = 0.0  # type: ignore[index]
+    state.request_stop()
+    assert asked == [1]
+    assert Callback().on_step_end(state) is None  # the base class does nothing
