@@ -19,7 +19,7 @@ from typing import Any
 
 from hvd_train.adapters import Adapter, Elastic, import_tensorflow_quietly, use_framework
 from hvd_train.checkpoint import Checkpoint, checkpoints, remove_partial
-from hvd_train.data import Splits, load_data
+from hvd_train.data import Splits, load_data, with_validation
 from hvd_train.errors import UsageError
 from hvd_train.evaluation import check_outputs_fit
 from hvd_train.metrics import MetricsWriter, write_summary
@@ -189,7 +189,7 @@ def train_elastic(
     stays on this rank: a worker that joins a running job runs it too, while the others wait
     in the loop, and a collective there would never be matched. The job's start (the ranks'
     agreement, the output folder, the resumed position) happens once, inside the loop."""
-    data = load_data(recipe, options.data_dir)
+    data = with_validation(load_data(recipe, options.data_dir), recipe, seed(options))
     trainer = new_trainer(open_run(adapter, recipe, seed(options)), data, options)
 
     def begin() -> Position:
@@ -217,7 +217,7 @@ def load_data_on_every_rank(adapter: Adapter, recipe: Recipe, options: RunOption
     mismatch (or a rank without data) stops the job with a message instead of a hang."""
     data, problem = None, None
     try:
-        data = load_data(recipe, options.data_dir)
+        data = with_validation(load_data(recipe, options.data_dir), recipe, seed(options))
     except UsageError as error:
         problem = str(error)
     check_ranks_agree(adapter, problem, run_facts(adapter, recipe, options, data))
@@ -236,6 +236,9 @@ def run_facts(
         "seed": options.seed,
         "training examples": None if data is None else len(data.train),
         "test examples": None if data is None else len(data.test),
+        "validation examples": None
+        if data is None or not data.validation
+        else len(data.validation),
     }
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from hvd_train.errors import UsageError
 
-# metrics.jsonl keys -> TensorBoard tags; an evaluation's `test_<name>` is `test/<name>`
+# metrics.jsonl keys -> TensorBoard tags; an evaluation's `test_<name>` is `test/<name>`, and
+# `val_<name>` is `val/<name>`
 TAGS = {
     "loss": "train/loss",
     "learning_rate": "train/learning_rate",
@@ -77,7 +78,8 @@ class MetricsWriter:
 
             self.board = SummaryWriter(str(self.path.parent), purge_step=self.purge_from)
         for key, value in record.items():
-            tag = TAGS.get(key) or (key.replace("_", "/", 1) if key.startswith("test_") else None)
+            evaluated = key.startswith(("test_", "val_"))
+            tag = TAGS.get(key) or (key.replace("_", "/", 1) if evaluated else None)
             if tag:
                 self.board.add_scalar(tag, value, record["samples"])
         self.board.flush()

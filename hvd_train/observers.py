@@ -6,6 +6,7 @@ match. The loop imports them; they import nothing of the loop's."""
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Mapping
 from typing import Protocol
@@ -42,11 +43,16 @@ class Loop(Protocol):
     workers: int  # the data workers of the epoch that trains
     elastic_state: ElasticState | None
 
+    @property
+    def evaluated_split(self) -> str: ...  # what evaluations in training measure: val or test
+
     def examples(self, position: Position) -> int: ...
 
     def save_snapshot(self, position: Position) -> None: ...
 
     def commit(self, position: Position) -> None: ...
+
+    def ask_to_stop(self) -> None: ...
 
 
 class Observer(Callback):
@@ -120,13 +126,20 @@ class Reporting(Observer):
             self.record(self.loop.position)
         self.bar.close()
         if self.loop.adapter.is_rank_zero:
-            tested = {k.removeprefix("test_"): v for k, v in state.metrics.items()
-                      if k.startswith("test_")}  # fmt: skip
+            split = self.loop.evaluated_split
+            figures = {k.removeprefix(f"{split}_"): v for k, v in state.metrics.items()
+                       if k.startswith(f"{split}_")}  # fmt: skip
             tqdm.write(
                 f"epoch {state.epoch + 1}/{self.loop.recipe.schedule.epochs}: train loss "
-                f"{state.metrics['loss']:.4f}, {describe(tested)} "
+                f"{state.metrics['loss']:.4f}, {describe(figures, split)} "
                 f"({time.perf_counter() - self.started:.1f} s)"
             )
+
+    def on_train_end(self, state: State) -> None:
+        if self.loop.evaluated_split == "val" and self.loop.adapter.is_rank_zero:
+            tested = {k.removeprefix("test_"): v for k, v in state.metrics.items()
+                      if k.startswith("test_")}  # fmt: skip
+            tqdm.write(f"at the end: {describe(tested)}")
 
 
 class Checkpoints(Observer):
@@ -193,10 +206,44 @@ class ElasticCommits(Observer):
             self.loop.commit(self.loop.position)
 
 
+class EarlyStopping(Observer):
+    """Asks the loop to stop when the watched validation figure has not improved by more than
+    `min_delta` over `patience` evaluations. The figures are the same on every rank, so every
+    rank asks at the same evaluation."""
+
+    def __init__(self, loop: Loop, monitor: str, patience: int, mode: str,
+                 min_delta: float) -> None:  # fmt: skip
+        super().__init__(loop)
+        self.monitor, self.patience, self.min_delta = monitor, patience, min_delta
+        self.sign = 1.0 if mode == "min" else -1.0  # the best is the lowest of sign * figure
+        self.best, self.waited = math.inf, 0
+
+    def on_evaluate(self, state: State, metrics: Mapping[str, float]) -> None:
+        if self.monitor not in metrics:  # the test set's evaluation at the end
+            return
+        value = self.sign * metrics[self.monitor]
+        if value < self.best - self.min_delta:
+            self.best, self.waited = value, 0
+            return
+        self.waited += 1
+        if self.waited == self.patience:
+            self.loop.ask_to_stop()
+            if self.loop.adapter.is_rank_zero:
+                tqdm.write(
+                    f"hvd-train: early stopping at step {state.step}: {self.monitor} has not "
+                    f"improved on {self.sign * self.best:.4f} in {self.patience} evaluations"
+                )
+
+
 def loop_observers(loop: Loop, options: RunOptions) -> list[Callback]:
     """The loop's own observers, in the order it calls them: the replica check before the
-    epoch's checkpoint, the checkpoint before the elastic commit, the epoch's line last."""
+    epoch's checkpoint, the checkpoint before the elastic commit, the epoch's line, then early
+    stopping, which may end training after it."""
     observers: list[Callback] = [ReplicaCheck(loop), Checkpoints(loop, options.checkpoint_every)]
     if options.elastic:
         observers.append(ElasticCommits(loop, options.commit_every))
-    return [*observers, Reporting(loop, options.log_every)]
+    observers.append(Reporting(loop, options.log_every))
+    stopping = loop.recipe.schedule.early_stopping
+    if stopping is not None:
+        observers.append(EarlyStopping(loop, **stopping))
+    return observers

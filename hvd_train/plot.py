@@ -10,12 +10,15 @@ from typing import Any
 from hvd_train.errors import UsageError
 from hvd_train.scoring import PERCENT
 
+SPLITS = ("test_", "val_")  # the evaluations' figures, by the split they measure
+
 
 def metric_names(runs: list[list[dict[str, Any]]]) -> list[str]:
-    """The metrics the runs' evaluations recorded (`test_<name>`, the loss aside), in the
-    order first seen."""
-    names = {key[5:]: None for records in runs for record in records if record["kind"] == "eval"
-             for key in record if key.startswith("test_") and key != "test_loss"}  # fmt: skip
+    """The metrics the runs' evaluations recorded (`test_<name>` or `val_<name>`, the loss
+    aside), in the order first seen."""
+    names = {key.split("_", 1)[1]: None for records in runs for record in records
+             if record["kind"] == "eval" for key in record
+             if key.startswith(SPLITS) and not key.endswith("_loss")}  # fmt: skip
     return list(names)
 
 
@@ -47,7 +50,7 @@ def plot_runs(runs: list[Path], output: Path) -> list[str]:
 
     read = [read_run(run) for run in runs]
     metrics = metric_names([records for _, records in read])
-    panels = ["loss", *(f"test {name.replace('_', ' ')}" for name in metrics), "learning rate"]
+    panels = ["loss", *(name.replace("_", " ") for name in metrics), "learning rate"]
     figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), layout="constrained")
     for label, records in read:
         draw_run(axes, label, records, metrics)
@@ -70,15 +73,16 @@ def plot_runs(runs: list[Path], output: Path) -> list[str]:
 def draw_run(axes: Any, label: str, records: list[dict[str, Any]], metrics: list[str]) -> None:
     """One run's lines, in one colour: its loss, `metrics` and learning rate, panel by panel."""
     train = [r for r in records if r["kind"] == "train"]
-    test = [r for r in records if r["kind"] == "eval"]
+    evaluations = [r for r in records if r["kind"] == "eval"]
     line = axes[0].plot([r["epochs"] for r in train], [r["loss"] for r in train], label=label)
     color = line[0].get_color()
-    axes[0].plot([r["epochs"] for r in test], [r["test_loss"] for r in test], "o--",
-                 color=color, label=f"{label}, test")  # fmt: skip
-    for axis, name in zip(axes[1:-1], metrics, strict=True):
-        scale = 100 if name in PERCENT else 1
-        shown = [r for r in test if f"test_{name}" in r]
-        axis.plot([r["epochs"] for r in shown], [scale * r[f"test_{name}"] for r in shown], "o-",
-                  color=color, label=label)  # fmt: skip
+    for split, style in zip(SPLITS, ("o--", "x:"), strict=True):  # the test set's, validation's
+        for axis, name in zip(axes[:-1], ["loss", *metrics], strict=True):
+            scale = 100 if name in PERCENT else 1
+            key = f"{split}{name}"
+            shown = [r for r in evaluations if key in r]
+            if shown:
+                axis.plot([r["epochs"] for r in shown], [scale * r[key] for r in shown], style,
+                          color=color, label=f"{label}, {split[:-1]}")  # fmt: skip
     axes[-1].plot([r["epochs"] for r in train], [r["learning_rate"] for r in train],
                   color=color, label=label)  # fmt: skip

@@ -10,7 +10,7 @@ NumPy keeps one definition for both frameworks, and a recipe's own metric runs u
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -59,12 +59,12 @@ def metric_name(metric: str | Metric) -> str:
     return metric if isinstance(metric, str) else str(getattr(metric, "__name__", ""))
 
 
-def describe(results: dict[str, float]) -> str:
+def describe(results: Mapping[str, float], split: str = "test") -> str:
     """`test loss 0.0312, test accuracy 99.05%`: an evaluation's figures (the loss and each
-    metric, by name) as a progress line shows them."""
+    metric, by name) on `split` ("test" or "val") as a progress line shows them."""
     return ", ".join(
-        f"test {name.replace('_', ' ')} {value:.2%}" if name in PERCENT
-        else f"test {name.replace('_', ' ')} {value:.4f}"
+        f"{split} {name.replace('_', ' ')} {value:.2%}" if name in PERCENT
+        else f"{split} {name.replace('_', ' ')} {value:.4f}"
         for name, value in results.items()
     )  # fmt: skip
 

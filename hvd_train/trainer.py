@@ -70,7 +70,8 @@ class Trainer:
         self.epoch, self.position = 0, Position(0, 0)  # the epoch under way, the step done
         self.saved: Position | None = None  # where the last checkpoint was
         names = ["loss", *self.recipe.metric_functions]
-        self.tested = {f"test_{name}": float("nan") for name in names}  # the last evaluation
+        self.tested = {f"test_{name}": float("nan") for name in names}  # the last evaluations
+        self.validated: dict[str, float] = {}
         self.figures: dict[str, float] = {}  # the latest, as callbacks see them
         self.observers = loop_observers(self, options)
         self.callbacks = list(self.recipe.callbacks)
@@ -141,6 +142,8 @@ class Trainer:
                 self.notify("on_step_end")
                 if asked:
                     break
+                if self.evaluates_within(step + 1, index + 1):
+                    self.evaluate(self.evaluated_split)
         self.end_epoch(float(np.mean(losses)) if losses else float("nan"))
         return not (asked or self.gather_stops(self.requests.callback_flags()))
 
@@ -150,11 +153,34 @@ class Trainer:
         if self.position.step == self.plan.steps_per_epoch:
             self.position = Position(self.epoch + 1, 0)
         self.figures["loss"] = train_loss
-        results = evaluate(self.adapter, self.data.test, self.recipe.metric_functions)
-        self.tested = {f"test_{name}": value for name, value in results.items()}
-        self.figures.update(self.tested)
-        self.notify("on_evaluate", MappingProxyType(dict(self.tested)))
+        self.evaluate(self.evaluated_split)
         self.notify("on_epoch_end")
+
+    def evaluates_within(self, global_step: int, step: int) -> bool:
+        """Whether `[schedule] evaluate_every` asks for an evaluation after `global_step`, one
+        that is not at its epoch's end (which evaluates anyway)."""
+        every = self.recipe.schedule.evaluate_every
+        return bool(every) and global_step % every == 0 and step < self.plan.steps_per_epoch
+
+    @property
+    def evaluated_split(self) -> str:
+        """What the evaluations during training measure: the validation split where the recipe
+        sets one aside (the test set is then evaluated once, at the end), else the test set."""
+        return "val" if self.data.validation is not None else "test"
+
+    def evaluate(self, split: str) -> None:
+        """The loss and metrics on `split` ("val" or "test"), as `<split>_<name>`, handed to
+        the observers and callbacks."""
+        dataset = self.data.validation if split == "val" else self.data.test
+        assert dataset is not None, "evaluated_split says which there is"
+        results = evaluate(self.adapter, dataset, self.recipe.metric_functions)
+        figures = {f"{split}_{name}": value for name, value in results.items()}
+        if split == "test":
+            self.tested = figures
+        else:
+            self.validated = figures
+        self.figures.update(figures)
+        self.notify("on_evaluate", MappingProxyType(figures))
 
     def check_step(self, result: StepResult) -> bool:
         """Stops every rank, at the same step, when the step's numbers are not finite or any
@@ -270,6 +296,8 @@ class Trainer:
                 if not going:
                     break
                 going = self.run_epoch(epoch, start.step if epoch == start.epoch else 0)
+            if self.data.validation is not None and self.position != start:
+                self.evaluate("test")
             self.notify("on_train_end")
             self.gather_stops(self.requests.callback_flags() * [0, 0, 1, 0])
         self.records.close()
@@ -316,7 +344,8 @@ class Trainer:
             "global_batch_size": self.plan.global_batch,
             "learning_rate": self.schedule.peak,
             **self.tested,
-            "stopped_by_callback": stopped,  # before the last epoch
+            **self.validated,
+            "stopped_early": stopped,  # by a callback or early stopping
             "train_seconds": round(seconds, 2),
             **self.throughput.figures(),
             "hosts": dict(Counter(adapter.allgather_object(host_name()))),

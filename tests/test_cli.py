@@ -126,6 +126,10 @@ BAD_INPUTS = [
      "override schedule.epoch: unknown setting; use section.key"),
     ("override out of range", ["--set", "optimizer.momentum=1.5"],
      "override optimizer.momentum: 1.5 is out of range; it must be below 1.0"),
+    ("early stopping without a validation split",
+     ["--set", "schedule.early_stopping={ monitor = 'val_loss', patience = 2 }"],
+     "override schedule.early_stopping: it watches the validation split, which this recipe has "
+     "none of; set data.validation_fraction (0.1 is usual)"),
     ("setting that needs another", ["--set", "optimizer.nesterov=true"],
      'override optimizer.nesterov: Nesterov momentum needs name = "sgd" and a momentum above 0'),
     ("override of the wrong type", ["--set", "schedule.batch_size=big"],

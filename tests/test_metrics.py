@@ -26,6 +26,10 @@ def test_records_carry_samples_and_epochs_and_reach_tensorboard(tmp_path):
     metrics.train(1, 10, 640, 0.5, [0.0005, 0.001], 1234.56, 7.891)
     metrics.eval(1, 16, 1000, {"test_loss": 0.25, "test_accuracy": 0.9, "test_mse": 0.5})
     metrics.close()
+    (tmp_path / "val").mkdir()
+    validation = writer(tmp_path / "val")
+    validation.eval(1, 8, 500, {"val_loss": 0.5})
+    validation.close()
     assert records(tmp_path) == [
         {"kind": "train", "epoch": 1, "step": 10, "samples": 640, "loss": 0.5,
          "learning_rate": 0.001, "learning_rates": [0.0005, 0.001], "images_per_second": 1234.6,
@@ -41,6 +45,9 @@ def test_records_carry_samples_and_epochs_and_reach_tensorboard(tmp_path):
         (1000, pytest.approx(0.9))
     ]
     assert [(e.step, e.value) for e in events.Scalars("test/mse")] == [(1000, 0.5)]
+    events = EventAccumulator(str(tmp_path / "val"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("val/loss")] == [(500, 0.5)]
 
 
 def test_only_the_writing_rank_writes(tmp_path):

@@ -9,7 +9,8 @@ import matplotlib.image
 from hvd_train.plot import plot_runs
 
 
-def fake_run(directory, framework: str, world_size: int, slope: float):
+def fake_run(directory, framework: str, world_size: int, slope: float, split: str = "test"):
+    """Records of 3 epochs, each evaluated on `split`; with "val", the test set once at the end."""
     directory.mkdir()
     records = []
     for epoch in range(1, 4):
@@ -17,8 +18,11 @@ def fake_run(directory, framework: str, world_size: int, slope: float):
             progress = epoch - 1 + part / 4
             records.append({"kind": "train", "epochs": progress, "loss": slope / progress,
                             "learning_rate": 0.001 * world_size})  # fmt: skip
-        records.append({"kind": "eval", "epochs": epoch, "test_loss": slope / epoch / 2,
-                        "test_accuracy": 1 - slope / epoch / 10})  # fmt: skip
+        records.append({"kind": "eval", "epochs": epoch, f"{split}_loss": slope / epoch / 2,
+                        f"{split}_accuracy": 1 - slope / epoch / 10})  # fmt: skip
+    if split == "val":
+        records.append({"kind": "eval", "epochs": 3, "test_loss": slope / 6,
+                        "test_accuracy": 1 - slope / 30})  # fmt: skip
     (directory / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     summary = {"recipe": "mnist_cnn", "framework": framework, "world_size": world_size}
     (directory / "summary.json").write_text(json.dumps(summary))
@@ -28,10 +32,10 @@ def fake_run(directory, framework: str, world_size: int, slope: float):
 def test_two_runs_side_by_side(tmp_path):
     runs = [
         fake_run(tmp_path / "a", "torch", 2, 0.5),
-        fake_run(tmp_path / "b", "tensorflow", 1, 0.3),
+        fake_run(tmp_path / "b", "tensorflow", 1, 0.3, split="val"),
     ]
     output = tmp_path / "curves.png"
-    assert plot_runs(runs, output) == ["loss", "test accuracy", "learning rate"]
+    assert plot_runs(runs, output) == ["loss", "accuracy", "learning rate"]
     picture = matplotlib.image.imread(output)
     assert picture.shape[:2] == (400, 1500)  # three panels of 5 x 4 inches at 100 dpi
     # Each panel has ink from both runs: the two colours of matplotlib's first two lines.

@@ -1,4 +1,5 @@
-"""Data behind one interface: every source becomes `Splits` of two `Dataset`s."""
+"""Data behind one interface: every source becomes `Splits` of two `Dataset`s (three, with a
+validation split set aside)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hvd_train.data.base import (
     Splits,
     batch_size,
     on_disk,
+    subset,
     take,
 )
 from hvd_train.data.folder import load_folder
@@ -26,6 +28,8 @@ from hvd_train.data.transforms import Transformed
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.settings import Data
+
+VALIDATION_STREAM = 7  # the seed's stream for the validation split, apart from the others
 
 RETURNS = (
     "return ((x_train, y_train), (x_test, y_test)), arrays or datasets with len() and [indices] "
@@ -42,6 +46,27 @@ def load_data(recipe: Recipe, data_dir: Path | None) -> Splits:
     if evaluation:
         return Splits(splits.train, Transformed(splits.test, evaluation))
     return splits
+
+
+def with_validation(splits: Splits, recipe: Recipe, seed: int) -> Splits:
+    """`splits` with the recipe's `validation_fraction` of the training examples set aside as
+    the validation split: drawn with `seed` alone, so the same on every rank and at any world
+    size, and taking evaluation's transforms as the test split does."""
+    fraction, count = recipe.loading.validation_fraction, len(splits.train)
+    if not fraction:
+        return splits
+    held = round(count * fraction)
+    if not 0 < held < count:
+        raise UsageError(
+            f"data.validation_fraction: {fraction} of the {count} training examples sets aside "
+            f"{held}; give a fraction that leaves examples on both sides"
+        )
+    order = np.random.default_rng([seed, VALIDATION_STREAM]).permutation(count)
+    validation = subset(splits.train, np.sort(order[:held]))
+    evaluation = recipe.transforms().evaluation
+    if evaluation:
+        validation = Transformed(validation, evaluation)
+    return Splits(subset(splits.train, np.sort(order[held:])), splits.test, validation)
 
 
 def load_source(recipe: Recipe, data_dir: Path | None) -> Splits:
@@ -157,4 +182,5 @@ def check_labels(labels: Any, count: int | None, what: str, loss: Any) -> None:
         )
 
 
-__all__ = ["ArrayDataset", "Dataset", "Splits", "batch_size", "check_labels", "load_data", "take"]
+__all__ = ["ArrayDataset", "Dataset", "Splits", "batch_size", "check_labels", "load_data", "take",
+           "with_validation"]  # fmt: skip

@@ -74,6 +74,29 @@ def batch_size(x: Inputs) -> int:
 class Splits:
     train: Dataset
     test: Dataset
+    validation: Dataset | None = None  # set aside from the training examples
+
+
+@dataclass(frozen=True)
+class Subset:
+    """Some of a dataset's examples, by their indices in it."""
+
+    dataset: Dataset
+    indices: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, indices: np.ndarray) -> tuple[Any, Any]:
+        return self.dataset[self.indices[indices]]
+
+
+def subset(dataset: Dataset, indices: np.ndarray) -> Dataset:
+    """The examples `indices` of `dataset`: copied where it is arrays in memory (so that it
+    stays arrays in memory, read in the step), else a view that reads them where they are."""
+    if isinstance(dataset, ArrayDataset) and not on_disk(dataset.x):
+        return ArrayDataset(*dataset[indices])
+    return Subset(dataset, indices)
 
 
 def take(dataset: Dataset, indices: np.ndarray) -> tuple[Inputs, Labels]:

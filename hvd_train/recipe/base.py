@@ -123,6 +123,8 @@ class Recipe:
                            (self.horovod, Horovod)):  # fmt: skip
             if not isinstance(table, cls):
                 raise UsageError(f"{cls.section}: expected {cls.__name__}(...), got {table!r}")
+        if self.schedule.early_stopping is not None:
+            self._check_monitor(self.schedule.early_stopping["monitor"])
         if self.layers:
             if not isinstance(self.data, Data):
                 raise UsageError("model.layers: need data given as Data(...) to check shapes")
@@ -159,6 +161,20 @@ class Recipe:
         if len(set(names)) < len(names):
             raise UsageError(f"model.metrics: {names} names a metric twice; name each once")
         return tuple(self.metrics)
+
+    def _check_monitor(self, monitor: str) -> None:
+        """Early stopping watches a figure of the validation split that the run reports."""
+        reported = [f"val_{name}" for name in ["loss", *self.metric_functions]]
+        if not self.loading.validation_fraction:
+            raise UsageError(
+                "schedule.early_stopping: it watches the validation split, which this recipe "
+                "has none of; set data.validation_fraction (0.1 is usual)"
+            )
+        if monitor not in reported:
+            raise UsageError(
+                f"schedule.early_stopping.monitor: the run reports no {monitor!r}; choose one "
+                f"of {', '.join(reported)}"
+            )
 
     @property
     def metric_functions(self) -> dict[str, Metric]:

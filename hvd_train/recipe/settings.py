@@ -21,6 +21,9 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 LR_SCALING = ("linear", "sqrt", "none")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10
+# Early stopping's keys and defaults: stop when `monitor` has not improved by more than
+# `min_delta` (down with mode "min", up with "max") over `patience` evaluations.
+EARLY_STOPPING = {"monitor": "val_loss", "patience": 3, "mode": "min", "min_delta": 0.0}
 # How a table records a Python recipe's own function (a decay): by name, which its code gives back.
 PYTHON_FUNCTION = "python function "
 
@@ -252,12 +255,34 @@ class Schedule(Settings):
     decay: Any = "none"  # a name, a table or a function: hvd_train/schedule.py
     # Mixed precision: the passes compute in bf16 or fp16, the weights stay fp32.
     precision: str = setting("fp32", kind=str, choices=PRECISIONS)
+    evaluate_every: int = setting(0, kind=int, minimum=0)  # steps; 0: at each epoch's end
+    early_stopping: Any = None  # a table: EARLY_STOPPING's keys
 
     def __post_init__(self) -> None:
         super().__post_init__()
         from hvd_train.schedule import parse_decay
 
         parse_decay(self.decay)
+        if self.early_stopping is not None:
+            object.__setattr__(self, "early_stopping", self._checked_early_stopping())
+
+    def _checked_early_stopping(self) -> dict[str, Any]:
+        """The early-stopping table with its defaults filled in; which figures it may monitor
+        is the recipe's to check (it knows the metrics and the validation split)."""
+        table = self.early_stopping
+        example = '{ monitor = "val_loss", patience = 3 }'
+        if not isinstance(table, dict):
+            raise self.fail("early_stopping", f"expected a table, like {example}")
+        unknown = sorted(set(table) - set(EARLY_STOPPING))
+        if unknown:
+            keys = ", ".join(EARLY_STOPPING)
+            raise self.fail(f"early_stopping.{unknown[0]}", f"unknown key; use {keys}")
+        checked = dict(EARLY_STOPPING) | table
+        rules = {"monitor": Rule(kind=str), "patience": Rule(kind=int, positive=True),
+                 "mode": Rule(kind=str, choices=("min", "max")),
+                 "min_delta": Rule(kind=float, minimum=0.0)}  # fmt: skip
+        return {key: rules[key].check(f"schedule.early_stopping.{key}", value)
+                for key, value in checked.items()}  # fmt: skip
 
     def table(self) -> dict[str, Any]:
         """As every table's, with a Python recipe's own decay function by its name."""
@@ -291,12 +316,16 @@ class Loading(Settings):
     sit in `[data]`. `workers` threads take the next batches while the step runs, up to
     `prefetch` batches ahead; 0 workers take each batch in the step. `"auto"`: none for arrays
     in memory, else one per core of the rank (2 to 8). A batch the workers have not read after
-    `timeout` seconds stops the run (a source that hangs). What a batch holds never changes."""
+    `timeout` seconds stops the run (a source that hangs). What a batch holds never changes.
+    `validation_fraction`: the share of the training examples set aside, drawn with the seed
+    (the same on every rank and at any world size), as the validation split that each
+    evaluation measures; the test set is then evaluated once, at the end."""
 
     section = "data"
     workers: int | str = "auto"
     prefetch: int = setting(2, kind=int, positive=True)
     timeout: float = setting(300.0, kind=float, positive=True)
+    validation_fraction: float = setting(0.0, kind=float, minimum=0.0, below=1.0)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -18,7 +18,7 @@ from safetensors.numpy import load_file
 
 from hvd_train.checkpoint import checkpoint_name, checkpoints
 from tests.conftest import FRAMEWORKS
-from tests.helpers import assert_same_weights, saved_weights
+from tests.helpers import assert_same_weights, evaluation, saved_weights
 from tests.multiprocess.conftest import (
     HERE,
     HOROVODRUN,
@@ -142,19 +142,25 @@ def test_gradients_that_turn_nan_stop_every_rank_before_saving_them(tmp_path):
 
 def test_a_callback_on_one_rank_stops_every_rank_at_the_same_step(tmp_path, monkeypatch):
     # Rank 1 alone asks for a stop at step 2: it travels with step 3's gradients, and both
-    # ranks end there, with a checkpoint, the evaluation and their last events alike.
+    # ranks end there, with a checkpoint, the evaluations and their events alike.
     monkeypatch.setenv("EVENTS", str(tmp_path / "events"))
     monkeypatch.setenv("STOP", "on_step_end:2:1")
     run = tmp_path / "run"
-    horovodrun("-m", "hvd_train", "--recipe", EVENTS_RECIPE, "--output-dir", str(run))
+    horovodrun("-m", "hvd_train", "--recipe", EVENTS_RECIPE, "--output-dir", str(run),
+               "--set", "data.validation_fraction=0.25")  # fmt: skip
     seen = [[json.loads(line) for line in (tmp_path / f"events.{rank}").read_text().splitlines()]
             for rank in (0, 1)]  # fmt: skip
     assert seen[0] == seen[1]
-    assert [(e["event"], e["step"]) for e in seen[0][-3:]] == [
-        ("on_checkpoint", 3), ("on_epoch_end", 3), ("on_train_end", 3)
+    assert [(e["event"], e["step"]) for e in seen[0][-5:]] == [
+        ("on_evaluate", 3), ("on_checkpoint", 3), ("on_epoch_end", 3), ("on_evaluate", 3),
+        ("on_train_end", 3)
     ]  # fmt: skip
     assert [p.name for p in checkpoints(run / "checkpoints")] == [checkpoint_name(0, 3 * 64)]
-    assert json.loads((run / "summary.json").read_text())["stopped_by_callback"] is True
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped_early"] is True and "val_loss" in summary
+    # The test set's figures at the end, reduced over two ranks, are one process's.
+    alone = evaluation(run, "--framework", "torch")
+    assert alone["test_loss"] == pytest.approx(summary["test_loss"], rel=1e-6)
     # Rank 1's callback raises at step 2: one line naming it, and the same checkpoint.
     monkeypatch.delenv("STOP")
     monkeypatch.setenv("RAISE", "on_step_end:2:1")

@@ -11,7 +11,7 @@ from hvd_train.recipe import is_python_reference, load_recipe
 
 GOOD = """
 from hvd_train import Data, Optimizer, Recipe, Schedule
-from hvd_train import Callback
+from hvd_train import Callback, Loading
 
 def model():
     raise AssertionError("not built in these tests")
@@ -98,6 +98,20 @@ def test_another_object_by_name_and_a_module_by_import(tmp_path, monkeypatch):
         (GOOD.replace("torch_model=model", "torch_model=model, callbacks=[print]"),
          "Optimizer()", "mine.py: callbacks: <built-in function print> is not a callback; "
          "subclass hvd_train.Callback"),
+        (GOOD.replace("epochs=2)", "epochs=2, early_stopping={'patience': 2})"), "Optimizer()",
+         "mine.py: schedule.early_stopping: it watches the validation split, which this recipe "
+         "has none of; set data.validation_fraction (0.1 is usual)"),
+        (GOOD.replace("epochs=2)", "epochs=2, early_stopping={'monitor': 'val_acc'})")
+         .replace("model, optimizer", "model, loading=Loading(validation_fraction=0.1), optimizer"),
+         "Optimizer()", "mine.py: schedule.early_stopping.monitor: the run reports no 'val_acc'; "
+         "choose one of val_loss, val_accuracy"),
+        (GOOD.replace("epochs=2)", "epochs=2, early_stopping={'wait': 2})"), "Optimizer()",
+         "mine.py: schedule.early_stopping.wait: unknown key; use monitor, patience, mode, "
+         "min_delta"),
+        (GOOD.replace("epochs=2)", "epochs=2, early_stopping={'patience': 0})"), "Optimizer()",
+         "mine.py: schedule.early_stopping.patience: 0 is out of range; it must be positive"),
+        (GOOD.replace("epochs=2)", "epochs=2, early_stopping=3)"), "Optimizer()",
+         "mine.py: schedule.early_stopping: expected a table, like { monitor = "),
         (GOOD.replace("torch_model=model", "torch_model=model, callbacks=Callback()"),
          "Optimizer()", "mine.py: callbacks: expected a list of callbacks, got <hvd_train"),
     ],
@@ -154,7 +168,8 @@ def test_a_python_recipes_own_data_takes_the_data_workers_settings(tmp_path):
     assert (changed.loading.workers, changed.loading.prefetch) == ("auto", 8)
     assert changed.settings_table()["data"] == {"python": f"python recipe {recipe.source}",
                                                 "workers": "auto", "prefetch": 8,
-                                                "timeout": 300.0}  # fmt: skip
+                                                "timeout": 300.0,
+                                                "validation_fraction": 0.0}  # fmt: skip
     with pytest.raises(UsageError, match=r"^data: this recipe's data is a Python function"):
         recipe.with_overrides({"data.dataset": "mnist"})
 

@@ -66,9 +66,11 @@ def test_how_batches_are_read_is_said_in_data_and_set_like_any_key():
         "workers": 3,
         "prefetch": 2,
         "timeout": 300.0,
+        "validation_fraction": 0.0,
     }
-    again = recipe.with_overrides({"data.workers": 0, "prefetch": 4})
-    assert again.loading == Loading(workers=0, prefetch=4) and again.data == recipe.data
+    again = recipe.with_overrides({"data.workers": 0, "prefetch": 4, "validation_fraction": 0.1})
+    assert again.loading == Loading(workers=0, prefetch=4, validation_fraction=0.1)
+    assert again.data == recipe.data
     assert parse(recipe_toml(again)).loading == again.loading
 
 

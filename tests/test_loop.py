@@ -1,6 +1,7 @@
-"""The loop's events as a recipe's callback sees them, at world size 1 (one process, no
-horovodrun): their order and state against what the run recorded, stops asked for at a step and
-at an evaluation, and a callback that raises. (Two ranks: tests/multiprocess/test_stops.py.)"""
+"""The loop at world size 1 (one process, no horovodrun), through a recipe's callback: the
+events' order and state against what the run recorded, stops asked for at a step and at an
+evaluation, a callback that raises, the validation split, evaluations every N steps and early
+stopping. (Two ranks: tests/multiprocess/test_stops.py.)"""
 
 import dataclasses
 import json
@@ -69,7 +70,7 @@ def test_callbacks_see_every_event_in_order_with_the_figures_the_run_records(fra
     assert end["metrics"]["loss"] == pytest.approx(
         sum(e["metrics"]["loss"] for e in steps[:STEPS]) / STEPS
     )
-    assert summary(tmp_path)["stopped_by_callback"] is False
+    assert summary(tmp_path)["stopped_early"] is False
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -83,7 +84,7 @@ def test_a_stop_asked_at_a_step_ends_training_after_the_next_as_at_its_end(frame
     run = tmp_path / "run"
     assert [p.name for p in (run / "checkpoints").iterdir()] == [checkpoint_name(0, 6 * 32)]
     figures = summary(tmp_path)
-    assert figures["stopped_by_callback"] is True
+    assert figures["stopped_early"] is True
     # The summary evaluates the weights it stopped with: those of the checkpoint.
     alone = evaluation(run, "--framework", framework)
     assert alone["test_loss"] == pytest.approx(figures["test_loss"], rel=1e-6)
@@ -94,7 +95,7 @@ def test_a_stop_asked_at_an_evaluation_ends_training_at_that_epoch(tmp_path):
     assert result.returncode == 0, result.stderr
     assert [e["event"] for e in events[-3:]] == ["on_checkpoint", "on_epoch_end", "on_train_end"]
     assert max(e["step"] for e in events) == STEPS
-    assert summary(tmp_path)["stopped_by_callback"] is True
+    assert summary(tmp_path)["stopped_early"] is True
 
 
 @pytest.mark.parametrize(
@@ -130,3 +131,37 @@ def test_the_state_a_callback_sees_is_read_only():
     state.request_stop()
     assert asked == [1]
     assert Callback().on_step_end(state) is None  # the base class does nothing
+
+
+def test_a_validation_split_is_evaluated_in_training_and_the_test_set_once_at_the_end(tmp_path):
+    result, events = train(tmp_path, "torch", "--set", "data.validation_fraction=0.25",
+                           "--set", "schedule.evaluate_every=4")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    steps = 9  # per epoch: 288 of the 384 examples train
+    assert max(e["step"] for e in events) == 2 * steps
+    evaluated = [(e["step"], sorted(e["figures"])) for e in events if e["event"] == "on_evaluate"]
+    val, test = ["val_accuracy", "val_loss"], ["test_accuracy", "test_loss"]
+    # Every 4 global steps, at each epoch's end, and the test set's once after the last.
+    assert evaluated == [(4, val), (8, val), (9, val), (12, val), (16, val), (18, val), (18, test)]
+    assert [r["step"] for r in records(tmp_path, "eval")] == [4, 8, 9, 12, 16, 18, 18]
+    # The figures at the end are the last checkpoint's on the test set, as eval measures them.
+    figures = summary(tmp_path)
+    alone = evaluation(tmp_path / "run", "--framework", "torch")
+    assert alone["test_loss"] == pytest.approx(figures["test_loss"], rel=1e-6)
+    last = [e["figures"] for e in events if e["event"] == "on_evaluate"][-2]
+    assert figures["val_loss"] == last["val_loss"] != figures["test_loss"]
+    assert "at the end: test loss" in result.stdout
+
+
+def test_early_stopping_ends_training_when_the_watched_figure_stops_improving(tmp_path):
+    # No evaluation improves on the first by 10: with patience 2, the third asks to stop.
+    stopping = (
+        "schedule.early_stopping={ monitor = 'val_accuracy', mode = 'max', patience = 2, "
+        "min_delta = 10.0 }"
+    )
+    result, events = train(tmp_path, "torch", "--set", "data.validation_fraction=0.25",
+                           "--set", "schedule.evaluate_every=3", "--set", stopping)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "hvd-train: early stopping at step 9: val_accuracy has not improved on " in result.stdout
+    assert max(e["step"] for e in events) == 9  # evaluated at 3, 6 and 9, the epoch's end
+    assert events[-1]["event"] == "on_train_end" and summary(tmp_path)["stopped_early"] is True
