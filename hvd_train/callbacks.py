@@ -36,9 +36,10 @@ class State:
 
     def request_stop(self) -> None:
         """Ends training after this event: every rank stops at the same step, saves a
-        checkpoint there, evaluates and writes its summary as at a normal end. Asked at a
-        step's end, the request travels with the next step's gradients (no collective of its
-        own), so every rank stops after that next step; asked at any other event, right there."""
+        checkpoint there, evaluates and writes its summary as at a normal end. Asked within an
+        epoch (at a step's end, or an evaluation or checkpoint between steps), the request
+        travels with the next step's gradients (no collective of its own), so every rank stops
+        after that next step; asked at an epoch's end or the start of training, right there."""
         self._stop()
 
 

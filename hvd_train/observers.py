@@ -52,8 +52,6 @@ class Loop(Protocol):
 
     def commit(self, position: Position) -> None: ...
 
-    def ask_to_stop(self) -> None: ...
-
 
 class Observer(Callback):
     def __init__(self, loop: Loop) -> None:
@@ -227,7 +225,7 @@ class EarlyStopping(Observer):
             return
         self.waited += 1
         if self.waited == self.patience:
-            self.loop.ask_to_stop()
+            state.request_stop()
             if self.loop.adapter.is_rank_zero:
                 tqdm.write(
                     f"hvd-train: early stopping at step {state.step}: {self.monitor} has not "

@@ -285,8 +285,9 @@ class Trainer:
         self.elastic_state.commit()
 
     def fit(self, start: Position) -> dict[str, Any]:
-        """Trains from `start` to the recipe's last epoch, or to a callback's stop; the run's
-        summary."""
+        """Trains from `start` to the recipe's last epoch, or to a stop that a callback or
+        early stopping asked for; with a validation split, evaluates the test set at the end.
+        The run's summary."""
         started = time.perf_counter()
         self.epoch, self.position = start.epoch, start
         with self.requests.catching_signals():
