@@ -36,6 +36,7 @@ from hvd_train.resume import (
 )
 from hvd_train.run import Run, open_run, start
 from hvd_train.snapshots import Snapshots
+from hvd_train.trackers import Trackers
 from hvd_train.trainer import Trainer
 from hvd_train.version import __version__
 
@@ -150,47 +151,51 @@ def train_on_rank(
 ) -> dict[str, Any]:
     """One training job on this rank, once Horovod is initialised; `checkpoint` (on rank 0)
     is where a resumed run starts."""
+    trackers = Trackers(options.track)
     if options.elastic:
-        summary = train_elastic(adapter, recipe, options, checkpoint)
+        summary = train_elastic(adapter, recipe, options, checkpoint, trackers)
     else:
         data = load_data_on_every_rank(adapter, recipe, options)
         adapter.on_rank_zero(lambda: prepare_output_dir(output_dir(options), options.resume))
-        trainer = new_trainer(open_run(adapter, recipe, seed(options)), data, options)
+        run = open_run(adapter, recipe, seed(options))
+        trainer = new_trainer(run, data, options, trackers)
         begin_at = Position(0, 0)
         if options.resume:
             begin_at = adapter.on_rank_zero(lambda: trainer.load_snapshot(checkpoint))  # type: ignore[arg-type]
         adapter.broadcast_state(include_optimizer=options.resume)
         summary = trainer.fit(begin_at)
-    adapter.on_rank_zero(lambda: finish(output_dir(options), summary))
+    adapter.on_rank_zero(lambda: finish(output_dir(options), summary, trackers))
     return summary
 
 
-def new_trainer(run: Run, data: Splits, options: RunOptions) -> Trainer:
-    """A trainer with its collaborators: the records, the snapshots; once the model's outputs
-    are known to fit the labels."""
+def new_trainer(run: Run, data: Splits, options: RunOptions, trackers: Trackers) -> Trainer:
+    """A trainer with its collaborators: the records (sent on to `trackers` too), the
+    snapshots; once the model's outputs are known to fit the labels."""
     check_outputs_fit(run.adapter, run.recipe, data.train)
     folder = output_dir(options)
-    metrics = MetricsWriter(folder, len(data.train))
+    metrics = MetricsWriter(folder, len(data.train), trackers, run.recipe.settings_table())
     snapshots = Snapshots(run, folder / "checkpoints", seed(options), options.limit_steps,
                           options.keep_checkpoints)  # fmt: skip
     return Trainer(run, data, options, snapshots, metrics)
 
 
-def finish(folder: Path, summary: dict[str, Any]) -> None:
-    """Rank 0 writes summary.json and draws the run's curves.png."""
+def finish(folder: Path, summary: dict[str, Any], trackers: Trackers) -> None:
+    """Rank 0 writes summary.json and draws the run's curves.png, which the trackers take."""
     write_summary(folder, summary)
     plot_runs([folder], folder / "curves.png")
+    trackers.call("finish", folder)
 
 
 def train_elastic(
-    adapter: Adapter, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None
-) -> dict[str, Any]:
+    adapter: Adapter, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None,
+    trackers: Trackers,
+) -> dict[str, Any]:  # fmt: skip
     """`train_on_rank` under Horovod's elastic driver. Everything before the elastic loop
     stays on this rank: a worker that joins a running job runs it too, while the others wait
     in the loop, and a collective there would never be matched. The job's start (the ranks'
     agreement, the output folder, the resumed position) happens once, inside the loop."""
     data = with_validation(load_data(recipe, options.data_dir), recipe, seed(options))
-    trainer = new_trainer(open_run(adapter, recipe, seed(options)), data, options)
+    trainer = new_trainer(open_run(adapter, recipe, seed(options)), data, options, trackers)
 
     def begin() -> Position:
         check_ranks_agree(adapter, None, run_facts(adapter, recipe, options, data))

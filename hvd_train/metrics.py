@@ -1,6 +1,7 @@
 """Rank 0's record of a run: `metrics.jsonl` (one JSON object per logged step and evaluation),
-TensorBoard event files beside it, and `summary.json`. Every rank holds a writer; only the
-current rank 0's writes (`enabled`, which an elastic job moves when rank 0 changes).
+TensorBoard event files beside it, the trackers' copies (`trackers.py`), and `summary.json`.
+Every rank holds a writer; only the current rank 0's writes (`enabled`, which an elastic job
+moves when rank 0 changes).
 
 Each record carries `samples`, the training examples seen since the run began, and `epochs`,
 the same in epochs: unlike step numbers they mean the same whatever the world size, so records
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hvd_train.errors import UsageError
+from hvd_train.trackers import Trackers
 
 # metrics.jsonl keys -> TensorBoard tags; an evaluation's `test_<name>` is `test/<name>`, and
 # `val_<name>` is `val/<name>`
@@ -52,8 +54,13 @@ def _summary_writer_class() -> Any:
 
 
 class MetricsWriter:
-    def __init__(self, output_dir: Path, train_size: int) -> None:
+    def __init__(self, output_dir: Path, train_size: int, trackers: Trackers | None = None,
+                 settings: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        """`trackers` take each record too, starting with the first, with the effective
+        recipe `settings`."""
         self.path, self.train_size = output_dir / "metrics.jsonl", train_size
+        self.trackers, self.settings = trackers or Trackers(()), settings or {}
+        self.tracking = False  # the trackers started
         self.enabled = False  # set by the trainer on the rank that writes
         self.failure: str | None = None  # the first write that failed; training then stops
         self.board: Any = None  # TensorBoard's writer, opened at the first record
@@ -69,6 +76,11 @@ class MetricsWriter:
             self._board(record)
         except OSError as error:
             self.failure = write_error(self.path, error)
+            return
+        if not self.tracking:
+            self.tracking = True
+            self.trackers.call("start", self.path.parent, self.settings)
+        self.trackers.call("record", record)
 
     def _board(self, record: dict[str, Any]) -> None:
         if self.board is None:

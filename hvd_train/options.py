@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hvd_train.errors import UsageError
 from hvd_train.rules import Rule
+from hvd_train.trackers import TRACKERS
 
 POSITIVE = Rule(int, positive=True)
 
@@ -70,6 +72,11 @@ class RunOptions:
         50, "log the loss, averaged across ranks, every this many steps (default: %(default)s)",
         rule=POSITIVE, metavar="N",
     )  # fmt: skip
+    track: tuple[str, ...] = option(
+        (), "also send the records to a tracker, from rank 0 (repeatable): mlflow (an MLflow "
+        "run at $MLFLOW_TRACKING_URI, with the recipe, the figures and the artifacts) or csv "
+        "(metrics.csv in --output-dir)", metavar="NAME",
+    )  # fmt: skip
     data_dir: Path | None = option(
         None, "folder holding the four MNIST files (default: $HVD_TRAIN_DATA_DIR, else the "
         "cache, filled on first use)", metavar="DIR",
@@ -82,6 +89,7 @@ class RunOptions:
                 rule.check(flag(item), value)
             if item.type == "Path | None" and value is not None:
                 object.__setattr__(self, item.name, Path(value))
+        object.__setattr__(self, "track", checked_trackers(self.track))
         if self.resume and self.output_dir is None:
             raise UsageError("--resume needs --output-dir, the folder of the run to continue")
         if self.elastic and self.output_dir is None:
@@ -98,6 +106,22 @@ class RunOptions:
         return cls(**given), {k: v for k, v in keywords.items() if k not in names}
 
 
+def checked_trackers(names: Any) -> tuple[str, ...]:
+    """`--track`'s names, each known and its library installed."""
+    names = (names,) if isinstance(names, str) else tuple(names or ())
+    for name in names:
+        if name not in TRACKERS:
+            raise UsageError(
+                f"--track: unknown tracker {name!r}; choose from {', '.join(TRACKERS)}"
+            )
+        if importlib.util.find_spec(name) is None and name != "csv":
+            raise UsageError(
+                f"--track {name} needs the {name} package, which is not installed; pip install "
+                f"'hvd_train[{name}]'"
+            )
+    return tuple(dict.fromkeys(names))
+
+
 def flag(item: dataclasses.Field[Any]) -> str:
     return item.metadata["flag"] or "--" + item.name.replace("_", "-")
 
@@ -111,6 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser, names: list[str], parse: Any)
         meta: dict[str, Any] = {"help": item.metadata["help"], "dest": item.name}
         if item.default is False:
             meta["action"] = "store_true"
+        elif item.default == ():
+            meta |= {"action": "append", "default": [], "metavar": item.metadata["metavar"]}
         else:
             meta["default"] = item.default
             meta["metavar"] = item.metadata["metavar"]

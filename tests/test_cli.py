@@ -37,7 +37,8 @@ def test_help_explains_every_flag():
     train_help = hvd_train("train", "--help").stdout
     for flag in ("--recipe", "--set", "--framework", "--epochs", "--batch-size", "--lr", "--seed",
                  "--data-dir", "--output-dir", "--resume", "--checkpoint-every",
-                 "--keep-checkpoints", "--limit-steps", "--log-every", "--debug"):  # fmt: skip
+                 "--keep-checkpoints", "--limit-steps", "--log-every", "--track",
+                 "--debug"):  # fmt: skip
         assert flag in train_help
     assert "--checkpoint" in hvd_train("eval", "--help").stdout
 
@@ -130,6 +131,8 @@ BAD_INPUTS = [
      ["--set", "schedule.early_stopping={ monitor = 'val_loss', patience = 2 }"],
      "override schedule.early_stopping: it watches the validation split, which this recipe has "
      "none of; set data.validation_fraction (0.1 is usual)"),
+    ("unknown tracker", ["--track", "wandb"],
+     "--track: unknown tracker 'wandb'; choose from mlflow, csv"),
     ("setting that needs another", ["--set", "optimizer.nesterov=true"],
      'override optimizer.nesterov: Nesterov momentum needs name = "sgd" and a momentum above 0'),
     ("override of the wrong type", ["--set", "schedule.batch_size=big"],
