@@ -11,11 +11,12 @@ from hvd_train.api import train
 from hvd_train.callbacks import Callback, State
 from hvd_train.launching import launch
 from hvd_train.layers import Layer
-from hvd_train.recipe import Data, Horovod, Loading, Optimizer, Recipe, Schedule
+from hvd_train.recipe import Checkpoints, Data, Horovod, Loading, Optimizer, Recipe, Schedule
 from hvd_train.version import __version__
 
 __all__ = [
     "Callback",
+    "Checkpoints",
     "Data",
     "Horovod",
     "Layer",

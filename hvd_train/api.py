@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hvd_train.adapters import Adapter, Elastic, import_tensorflow_quietly, use_framework
-from hvd_train.checkpoint import Checkpoint, checkpoints, remove_partial
+from hvd_train.checkpoint import BEST, Checkpoint, checkpoints, remove_partial
 from hvd_train.data import Splits, load_data, with_validation
 from hvd_train.errors import UsageError
 from hvd_train.evaluation import check_outputs_fit
@@ -276,12 +276,13 @@ def prepare_output_dir(output_dir: Path, resume: bool) -> None:
         probe.touch()
         probe.unlink()
         remove_partial(output_dir / "checkpoints")
+        remove_partial(output_dir / BEST)
     except OSError as error:
         raise UsageError(
             f"cannot write to output directory {output_dir} ({error.strerror}); "
             "choose another --output-dir"
         ) from None
-    if not resume and checkpoints(output_dir / "checkpoints"):
+    if not resume and (checkpoints(output_dir / "checkpoints") or checkpoints(output_dir / BEST)):
         raise UsageError(
             f"{output_dir} already holds checkpoints; pass --resume to continue that run "
             "or choose another --output-dir"

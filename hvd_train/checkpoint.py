@@ -57,6 +57,9 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+BEST = "best"  # a run's folder of its best checkpoints, beside checkpoints/
+
+
 def checkpoint_name(epoch: int, samples_in_epoch: int) -> str:
     return f"epoch-{epoch:04d}-sample-{samples_in_epoch:08d}"
 
@@ -132,6 +135,18 @@ def checkpoints(directory: Path) -> list[Path]:
     return sorted(directory.glob(pattern)) if directory.is_dir() else []
 
 
+def best_checkpoints(folder: Path) -> list[tuple[Path, float]]:
+    """The checkpoints in a run's `best/` folder, each with the watched figure it was kept
+    for (one whose state cannot be read is left out: it ranks nowhere)."""
+    found = []
+    for path in checkpoints(folder):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            found.append(
+                (path, float(json.loads((path / STATE_FILE).read_text())["monitored"]["value"]))
+            )
+    return found
+
+
 def load_checkpoint(path: Path) -> Checkpoint:
     """Reads and verifies a checkpoint; a missing, damaged or unreadable part is a UsageError."""
     remedy = "use an earlier checkpoint or start anew"
@@ -182,9 +197,14 @@ def load_newest_valid(directory: Path) -> Checkpoint | None:
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """`path` itself if it is a checkpoint, else the newest checkpoint of the run it names."""
+    """`path` itself if it is a checkpoint; the best of a run's `best/` folder (by the figure
+    each was kept for); else the newest checkpoint of the run it names."""
     if (path / STATE_FILE).is_file():
         return path
+    if path.name == BEST and (best := best_checkpoints(path)):
+        mode = json.loads((best[0][0] / STATE_FILE).read_text())["monitored"]["mode"]
+        sign = 1.0 if mode == "min" else -1.0
+        return min(best, key=lambda entry: sign * entry[1])[0]
     found = checkpoints(path / "checkpoints")
     if not found:
         raise UsageError(

@@ -52,6 +52,8 @@ class Loop(Protocol):
 
     def commit(self, position: Position) -> None: ...
 
+    def save_if_best(self, position: Position, figure: float) -> None: ...
+
 
 class Observer(Callback):
     def __init__(self, loop: Loop) -> None:
@@ -140,7 +142,7 @@ class Reporting(Observer):
             tqdm.write(f"at the end: {describe(tested)}")
 
 
-class Checkpoints(Observer):
+class NewestCheckpoints(Observer):
     """A checkpoint at each epoch's end, and every `every` global steps within an epoch."""
 
     def __init__(self, loop: Loop, every: int | None) -> None:
@@ -161,9 +163,10 @@ class ReplicaCheck(Observer):
     """Every rank must hold the same trained weights and optimizer state, bit for bit. A
     difference means the replicas diverged (a bug in hvd_train, Horovod or the model's code),
     which would otherwise train on silently. Each rank hashes each tensor; the hashes, not the
-    tensors, are gathered. Before the epoch's checkpoint, so a diverged epoch is never saved."""
+    tensors, are gathered. At each evaluation, before anything of it is recorded or saved (the
+    epoch's checkpoint, a best one), so a diverged epoch is never saved."""
 
-    def on_epoch_end(self, state: State) -> None:
+    def on_evaluate(self, state: State, metrics: Mapping[str, float]) -> None:
         adapter = self.loop.adapter
         trained = adapter.trained_state()
         digests = [hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=8).digest()
@@ -179,10 +182,13 @@ class ReplicaCheck(Observer):
         if differing:
             name, rank = differing[0]
             count = len({tensor for tensor, _ in differing})
+            where = self.loop.position
+            when = (f"after epoch {where.epoch}" if where.step == 0
+                    else f"at step {where.step} of epoch {where.epoch + 1}")  # fmt: skip
             raise ReplicasDiverged(
-                f"after epoch {state.epoch + 1}, rank {rank} holds another {name} than rank 0 "
+                f"{when}, rank {rank} holds another {name} than rank 0 "
                 f"({count} of {len(names)} tensors differ): the replicas diverged, which is a "
-                "bug, and training stopped before saving this epoch; please report it with the "
+                "bug, and training stopped before saving this point; please report it with the "
                 "run's command"
             )
 
@@ -233,11 +239,27 @@ class EarlyStopping(Observer):
                 )
 
 
+class BestCheckpoints(Observer):
+    """Hands each evaluation's watched figure to the loop, which keeps the best checkpoints."""
+
+    def __init__(self, loop: Loop, monitor: str) -> None:
+        super().__init__(loop)
+        self.monitor = monitor
+
+    def on_evaluate(self, state: State, metrics: Mapping[str, float]) -> None:
+        if self.monitor in metrics:
+            self.loop.save_if_best(self.loop.position, metrics[self.monitor])
+
+
 def loop_observers(loop: Loop, options: RunOptions) -> list[Callback]:
-    """The loop's own observers, in the order it calls them: the replica check before the
-    epoch's checkpoint, the checkpoint before the elastic commit, the epoch's line, then early
-    stopping, which may end training after it."""
-    observers: list[Callback] = [ReplicaCheck(loop), Checkpoints(loop, options.checkpoint_every)]
+    """The loop's own observers, in the order it calls them: the replica check before anything
+    is recorded or saved, the checkpoint before the elastic commit, the epoch's line, then
+    early stopping, which may end training after it."""
+    observers: list[Callback] = [ReplicaCheck(loop)]
+    kept = loop.recipe.checkpoints
+    if kept.keep_best:
+        observers.append(BestCheckpoints(loop, kept.monitor))
+    observers.append(NewestCheckpoints(loop, options.checkpoint_every))
     if options.elastic:
         observers.append(ElasticCommits(loop, options.commit_every))
     observers.append(Reporting(loop, options.log_every))

@@ -4,10 +4,18 @@ optimizer, where the run stands) and loads one back to resume. The files themsel
 
 from __future__ import annotations
 
+import math
+import shutil
 from pathlib import Path
 from typing import Any
 
-from hvd_train.checkpoint import Checkpoint, checkpoint_name, save_checkpoint
+from hvd_train.checkpoint import (
+    BEST,
+    Checkpoint,
+    best_checkpoints,
+    checkpoint_name,
+    save_checkpoint,
+)
 from hvd_train.position import EpochPlan, Position
 from hvd_train.recipe.toml import recipe_toml
 from hvd_train.resume import check_continues, optimizer_misfit
@@ -25,14 +33,41 @@ class Snapshots:
     def save(self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule) -> Path:
         """Rank 0 writes a checkpoint of `position`; its path, on every rank. A failed write
         stops every rank with its message."""
-        adapter = self.run.adapter
         state = self.state(position, plan, schedule)
-        return adapter.on_rank_zero(
-            lambda: save_checkpoint(
-                self.directory, checkpoint_name(position.epoch, plan.samples(position)),
-                self.run.weights(), adapter.optimizer_state(), state,
-                recipe_toml(self.run.recipe), self.keep,
-            )
+        return self.run.adapter.on_rank_zero(
+            lambda: self.write(self.directory, position, plan, state, self.keep)
+        )
+
+    def save_if_best(
+        self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule, figure: float
+    ) -> Path | None:
+        """Rank 0 writes a checkpoint of `position` into the run's `best/` folder if `figure`
+        ranks among the recipe's `keep_best` there, then drops the one that fell out; its path,
+        on every rank, or None."""
+        kept = self.run.recipe.checkpoints
+        folder, sign = self.directory.parent / BEST, 1.0 if kept.mode == "min" else -1.0
+        state = self.state(position, plan, schedule) | {
+            "monitored": {"name": kept.monitor, "value": figure, "mode": kept.mode}
+        }
+
+        def keep() -> Path | None:
+            ranked = sorted(best_checkpoints(folder), key=lambda entry: sign * entry[1])
+            full = len(ranked) >= kept.keep_best
+            if not math.isfinite(figure) or (full and not sign * figure < sign * ranked[-1][1]):
+                return None
+            path = self.write(folder, position, plan, state, keep=len(ranked) + 1)
+            for old, _ in ranked[kept.keep_best - 1 :]:
+                if old != path:  # an evaluation of the same point again (an elastic rollback)
+                    shutil.rmtree(old, ignore_errors=True)
+            return path
+
+        return self.run.adapter.on_rank_zero(keep)
+
+    def write(self, folder: Path, position: Position, plan: EpochPlan, state: dict[str, Any],
+              keep: int) -> Path:  # fmt: skip
+        return save_checkpoint(
+            folder, checkpoint_name(position.epoch, plan.samples(position)), self.run.weights(),
+            self.run.adapter.optimizer_state(), state, recipe_toml(self.run.recipe), keep,
         )  # fmt: skip
 
     def state(

@@ -271,6 +271,13 @@ class Trainer:
         self.saved = position
         self.notify("on_checkpoint", path)
 
+    def save_if_best(self, position: Position, figure: float) -> None:
+        """Rank 0 saves a checkpoint of `position` into the best ones if `figure` (of the
+        recipe's watched metric) ranks among them; if it did, every rank is told where."""
+        path = self.snapshots.save_if_best(position, self.plan, self.schedule, figure)
+        if path is not None:
+            self.notify("on_checkpoint", path)
+
     def load_snapshot(self, checkpoint: Checkpoint) -> Position:
         """Rank 0 resumes from `checkpoint`; records after it are dropped, to be made anew."""
         position = self.snapshots.load(checkpoint, self.plan)

@@ -165,3 +165,21 @@ def test_early_stopping_ends_training_when_the_watched_figure_stops_improving(tm
     assert "hvd-train: early stopping at step 9: val_accuracy has not improved on " in result.stdout
     assert max(e["step"] for e in events) == 9  # evaluated at 3, 6 and 9, the epoch's end
     assert events[-1]["event"] == "on_train_end" and summary(tmp_path)["stopped_early"] is True
+
+
+def test_the_best_checkpoints_are_kept_and_eval_takes_the_best(tmp_path):
+    settings = ["data.validation_fraction=0.25", "schedule.evaluate_every=3",
+                "checkpoints.keep_best=2"]  # fmt: skip
+    result, _ = train(tmp_path, "torch", *(f"--set={setting}" for setting in settings))
+    assert result.returncode == 0, result.stderr
+    figures = {r["step"]: r["val_loss"] for r in records(tmp_path, "eval") if "val_loss" in r}
+    assert sorted(figures) == [3, 6, 9, 12, 15, 18]
+    two_best = sorted(figures, key=figures.get)[:2]
+    best = tmp_path / "run" / "best"
+    names = {checkpoint_name(step // 9, 32 * (step % 9)) for step in two_best}
+    assert {path.name for path in best.iterdir()} == names
+    # The newest checkpoints are kept as before, beside them.
+    assert checkpoint_name(2, 0) in [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()]
+    chosen = evaluation(best, "--framework", "torch")
+    lowest = min(two_best, key=figures.get)
+    assert Path(chosen["checkpoint"]).name == checkpoint_name(lowest // 9, 32 * (lowest % 9))

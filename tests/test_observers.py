@@ -7,7 +7,7 @@ from types import MappingProxyType, SimpleNamespace
 import pytest
 
 from hvd_train.callbacks import State
-from hvd_train.observers import Checkpoints, EarlyStopping, ElasticCommits
+from hvd_train.observers import EarlyStopping, ElasticCommits, NewestCheckpoints
 from hvd_train.position import EpochPlan, Position
 
 
@@ -44,12 +44,12 @@ def steps(loop: Loop, observer, epochs: int) -> None:
 
 def test_checkpoints_every_n_global_steps_and_at_each_epochs_end():
     loop = Loop(steps=10)
-    steps(loop, Checkpoints(loop, every=4), epochs=2)
+    steps(loop, NewestCheckpoints(loop, every=4), epochs=2)
     # Global steps 4 and 8, then 12 and 16 (2 and 6 into epoch 2); step 20 is an epoch's end.
     assert loop.saved == [Position(0, 4), Position(0, 8), Position(1, 0), Position(1, 2),
                           Position(1, 6), Position(2, 0)]  # fmt: skip
     loop = Loop(steps=10)
-    steps(loop, Checkpoints(loop, every=None), epochs=2)
+    steps(loop, NewestCheckpoints(loop, every=None), epochs=2)
     assert loop.saved == [Position(1, 0), Position(2, 0)]
 
 

@@ -13,7 +13,7 @@ from importlib import resources
 from hvd_train.layers import Layer
 from hvd_train.recipe.base import FRAMEWORKS, Recipe
 from hvd_train.recipe.python import is_python_reference, load_python_recipe
-from hvd_train.recipe.settings import Data, Horovod, Loading, Optimizer, Schedule
+from hvd_train.recipe.settings import Checkpoints, Data, Horovod, Loading, Optimizer, Schedule
 from hvd_train.recipe.toml import load_toml_recipe
 
 
@@ -31,6 +31,7 @@ def load_recipe(reference: str) -> Recipe:
 
 __all__ = [
     "FRAMEWORKS",
+    "Checkpoints",
     "Data",
     "Horovod",
     "Layer",

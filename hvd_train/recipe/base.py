@@ -22,6 +22,7 @@ from hvd_train.recipe.settings import (
     KEY_SECTIONS,
     LOADING_KEYS,
     LOSSES,
+    Checkpoints,
     Data,
     Horovod,
     Loading,
@@ -87,6 +88,7 @@ class Recipe:
     optimizer: Optimizer | Callable[..., Any] = field(default_factory=Optimizer)
     schedule: Schedule = field(default_factory=Schedule)
     horovod: Horovod = field(default_factory=Horovod)
+    checkpoints: Checkpoints = field(default_factory=Checkpoints)
     loading: Loading = field(default_factory=Loading)
     transform: Callable[[Any, Any], Any] | None = None
     callbacks: tuple[Callback, ...] = ()
@@ -120,11 +122,18 @@ class Recipe:
         if callable(self.optimizer):  # the framework's own optimizer, made by the recipe
             object.__setattr__(self, "optimizer", Optimizer(function=self.optimizer))
         for table, cls in ((self.optimizer, Optimizer), (self.schedule, Schedule),
-                           (self.horovod, Horovod)):  # fmt: skip
+                           (self.horovod, Horovod), (self.checkpoints, Checkpoints)):  # fmt: skip
             if not isinstance(table, cls):
                 raise UsageError(f"{cls.section}: expected {cls.__name__}(...), got {table!r}")
         if self.schedule.early_stopping is not None:
-            self._check_monitor(self.schedule.early_stopping["monitor"])
+            monitor = self.schedule.early_stopping["monitor"]
+            self._check_monitor(
+                "schedule.early_stopping", "schedule.early_stopping.monitor", monitor
+            )
+        if self.checkpoints.keep_best:
+            self._check_monitor(
+                "checkpoints.keep_best", "checkpoints.monitor", self.checkpoints.monitor
+            )
         if self.layers:
             if not isinstance(self.data, Data):
                 raise UsageError("model.layers: need data given as Data(...) to check shapes")
@@ -162,18 +171,18 @@ class Recipe:
             raise UsageError(f"model.metrics: {names} names a metric twice; name each once")
         return tuple(self.metrics)
 
-    def _check_monitor(self, monitor: str) -> None:
-        """Early stopping watches a figure of the validation split that the run reports."""
+    def _check_monitor(self, setting: str, key: str, monitor: str) -> None:
+        """Early stopping and the best checkpoints watch a figure of the validation split that
+        the run reports (`setting` is the one that watches, `key` where it names it)."""
         reported = [f"val_{name}" for name in ["loss", *self.metric_functions]]
         if not self.loading.validation_fraction:
             raise UsageError(
-                "schedule.early_stopping: it watches the validation split, which this recipe "
-                "has none of; set data.validation_fraction (0.1 is usual)"
+                f"{setting}: it watches the validation split, which this recipe has none of; "
+                "set data.validation_fraction (0.1 is usual)"
             )
         if monitor not in reported:
             raise UsageError(
-                f"schedule.early_stopping.monitor: the run reports no {monitor!r}; choose one "
-                f"of {', '.join(reported)}"
+                f"{key}: the run reports no {monitor!r}; choose one of {', '.join(reported)}"
             )
 
     @property
@@ -248,7 +257,7 @@ class Recipe:
             },
             "model": model,
         }
-        for section in ("optimizer", "schedule", "horovod"):
+        for section in ("optimizer", "schedule", "horovod", "checkpoints"):
             table[section] = getattr(self, section).table()
         return table
 

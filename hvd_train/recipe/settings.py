@@ -338,10 +338,22 @@ class Loading(Settings):
             )
 
 
+@dataclass(frozen=True)
+class Checkpoints(Settings):
+    """Besides the newest checkpoints (`--keep-checkpoints`), the `keep_best` best by the
+    validation figure `monitor` (lowest with mode "min", highest with "max"), in the run's
+    `best/` folder: each evaluation that ranks among them is saved there."""
+
+    section = "checkpoints"
+    keep_best: int = setting(0, kind=int, minimum=0)
+    monitor: str = setting("val_loss", kind=str)
+    mode: str = setting("min", kind=str, choices=("min", "max"))
+
+
 # Every key's section, so an override may name a key alone (`epochs=2`): the names are unique.
 KEY_SECTIONS = {
     item.name: cls.section
-    for cls in (Data, Loading, Optimizer, Schedule, Horovod)
+    for cls in (Data, Loading, Optimizer, Schedule, Horovod, Checkpoints)
     for item in dataclasses.fields(cls)
 }
 LOADING_KEYS = frozenset(item.name for item in dataclasses.fields(Loading))

@@ -17,6 +17,7 @@ from hvd_train.recipe.base import Recipe
 from hvd_train.recipe.settings import (
     LOADING_KEYS,
     LOSSES,
+    Checkpoints,
     Data,
     Horovod,
     Loading,
@@ -25,7 +26,7 @@ from hvd_train.recipe.settings import (
     make_settings,
 )
 
-TABLES = ("data", "model", "optimizer", "schedule", "horovod")
+TABLES = ("data", "model", "optimizer", "schedule", "horovod", "checkpoints")
 
 
 def packaged_recipes() -> list[str]:
@@ -80,6 +81,7 @@ def _recipe(root: dict[str, Any]) -> Recipe:
         optimizer=make_settings(Optimizer, _table(root, "optimizer")),
         schedule=make_settings(Schedule, _table(root, "schedule")),
         horovod=make_settings(Horovod, _table(root, "horovod")),
+        checkpoints=make_settings(Checkpoints, _table(root, "checkpoints")),
         description=description,
     )
 

@@ -11,7 +11,7 @@ from hvd_train.recipe import is_python_reference, load_recipe
 
 GOOD = """
 from hvd_train import Data, Optimizer, Recipe, Schedule
-from hvd_train import Callback, Loading
+from hvd_train import Callback, Checkpoints, Loading
 
 def model():
     raise AssertionError("not built in these tests")
@@ -105,6 +105,12 @@ def test_another_object_by_name_and_a_module_by_import(tmp_path, monkeypatch):
          .replace("model, optimizer", "model, loading=Loading(validation_fraction=0.1), optimizer"),
          "Optimizer()", "mine.py: schedule.early_stopping.monitor: the run reports no 'val_acc'; "
          "choose one of val_loss, val_accuracy"),
+        (GOOD.replace("model, optimizer", "model, checkpoints=Checkpoints(keep_best=1), optimizer"),
+         "Optimizer()", "mine.py: checkpoints.keep_best: it watches the validation split"),
+        (GOOD.replace("model, optimizer", "model, loading=Loading(validation_fraction=0.1), "
+                      "checkpoints=Checkpoints(keep_best=1, monitor='val_mse'), optimizer"),
+         "Optimizer()", "mine.py: checkpoints.monitor: the run reports no 'val_mse'; choose one "
+         "of val_loss, val_accuracy"),
         (GOOD.replace("epochs=2)", "epochs=2, early_stopping={'wait': 2})"), "Optimizer()",
          "mine.py: schedule.early_stopping.wait: unknown key; use monitor, patience, mode, "
          "min_delta"),
