@@ -55,6 +55,12 @@ class Loop(Protocol):
     def save_if_best(self, position: Position, figure: float) -> None: ...
 
 
+def of_split(metrics: Mapping[str, float], split: str) -> dict[str, float]:
+    """The figures of one split's evaluation ("val" or "test"), by the metric's own name."""
+    prefix = f"{split}_"
+    return {k.removeprefix(prefix): v for k, v in metrics.items() if k.startswith(prefix)}
+
+
 class Observer(Callback):
     def __init__(self, loop: Loop) -> None:
         self.loop = loop
@@ -127,19 +133,15 @@ class Reporting(Observer):
         self.bar.close()
         if self.loop.adapter.is_rank_zero:
             split = self.loop.evaluated_split
-            figures = {k.removeprefix(f"{split}_"): v for k, v in state.metrics.items()
-                       if k.startswith(f"{split}_")}  # fmt: skip
             tqdm.write(
                 f"epoch {state.epoch + 1}/{self.loop.recipe.schedule.epochs}: train loss "
-                f"{state.metrics['loss']:.4f}, {describe(figures, split)} "
+                f"{state.metrics['loss']:.4f}, {describe(of_split(state.metrics, split), split)} "
                 f"({time.perf_counter() - self.started:.1f} s)"
             )
 
     def on_train_end(self, state: State) -> None:
         if self.loop.evaluated_split == "val" and self.loop.adapter.is_rank_zero:
-            tested = {k.removeprefix("test_"): v for k, v in state.metrics.items()
-                      if k.startswith("test_")}  # fmt: skip
-            tqdm.write(f"at the end: {describe(tested)}")
+            tqdm.write(f"at the end: {describe(of_split(state.metrics, 'test'))}")
 
 
 class NewestCheckpoints(Observer):
