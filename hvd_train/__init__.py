@@ -11,7 +11,16 @@ from hvd_train.api import train
 from hvd_train.callbacks import Callback, State
 from hvd_train.launching import launch
 from hvd_train.layers import Layer
-from hvd_train.recipe import Checkpoints, Data, Horovod, Loading, Optimizer, Recipe, Schedule
+from hvd_train.recipe import (
+    Checkpoints,
+    Data,
+    Horovod,
+    Loading,
+    Optimizer,
+    Output,
+    Recipe,
+    Schedule,
+)
 from hvd_train.version import __version__
 
 __all__ = [
@@ -22,6 +31,7 @@ __all__ = [
     "Layer",
     "Loading",
     "Optimizer",
+    "Output",
     "Recipe",
     "Schedule",
     "State",

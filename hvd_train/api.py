@@ -151,7 +151,7 @@ def train_on_rank(
 ) -> dict[str, Any]:
     """One training job on this rank, once Horovod is initialised; `checkpoint` (on rank 0)
     is where a resumed run starts."""
-    trackers = Trackers(options.track)
+    trackers = Trackers(tuple(dict.fromkeys(options.track + recipe.output.trackers)))
     if options.elastic:
         summary = train_elastic(adapter, recipe, options, checkpoint, trackers)
     else:

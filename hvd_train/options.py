@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hvd_train.errors import UsageError
 from hvd_train.rules import Rule
-from hvd_train.trackers import TRACKERS
+from hvd_train.trackers import checked_trackers
 
 POSITIVE = Rule(int, positive=True)
 
@@ -89,7 +88,7 @@ class RunOptions:
                 rule.check(flag(item), value)
             if item.type == "Path | None" and value is not None:
                 object.__setattr__(self, item.name, Path(value))
-        object.__setattr__(self, "track", checked_trackers(self.track))
+        object.__setattr__(self, "track", checked_trackers(self.track, "--track"))
         if self.resume and self.output_dir is None:
             raise UsageError("--resume needs --output-dir, the folder of the run to continue")
         if self.elastic and self.output_dir is None:
@@ -104,22 +103,6 @@ class RunOptions:
         names = {item.name for item in dataclasses.fields(cls)}
         given = {key: value for key, value in keywords.items() if key in names}
         return cls(**given), {k: v for k, v in keywords.items() if k not in names}
-
-
-def checked_trackers(names: Any) -> tuple[str, ...]:
-    """`--track`'s names, each known and its library installed."""
-    names = (names,) if isinstance(names, str) else tuple(names or ())
-    for name in names:
-        if name not in TRACKERS:
-            raise UsageError(
-                f"--track: unknown tracker {name!r}; choose from {', '.join(TRACKERS)}"
-            )
-        if importlib.util.find_spec(name) is None and name != "csv":
-            raise UsageError(
-                f"--track {name} needs the {name} package, which is not installed; pip install "
-                f"'hvd_train[{name}]'"
-            )
-    return tuple(dict.fromkeys(names))
 
 
 def flag(item: dataclasses.Field[Any]) -> str:

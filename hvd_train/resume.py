@@ -20,13 +20,15 @@ from hvd_train.recipe import Recipe, load_recipe
 from hvd_train.recipe.settings import PYTHON_FUNCTION
 from hvd_train.recipe.toml import parse_toml_recipe
 
-# What a resumed run may change: how batches are read never changes what they hold.
+# What a resumed run may change: how batches are read never changes what they hold, nor where
+# the records go.
 SAFE_CHANGES = (
     "schedule.epochs",
     "model.metrics",
     "data.workers",
     "data.prefetch",
     "data.timeout",
+    "output.trackers",
 )
 
 

@@ -8,6 +8,7 @@ dropped: training goes on, and the records are kept locally.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +16,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hvd_train.checkpoint import checkpoints
+from hvd_train.checkpoint import BEST, best_checkpoints, checkpoints, resolve_checkpoint
+from hvd_train.errors import UsageError
 
 TRACKERS = ("mlflow", "csv")
 # Where the tracking server does not answer, MLflow's client retries for minutes by default;
@@ -23,6 +25,23 @@ TRACKERS = ("mlflow", "csv")
 MLFLOW_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 # The records' figures a tracker takes as metrics (their positions are its steps).
 NOT_FIGURES = ("kind", "epoch", "step", "learning_rates")
+
+
+def checked_trackers(names: Any, given_as: str) -> tuple[str, ...]:
+    """Trackers' names (`--track`'s, or the recipe's `output.trackers`), each known and its
+    library installed; `given_as` names where they were given."""
+    names = (names,) if isinstance(names, str) else tuple(names or ())
+    for name in names:
+        if name not in TRACKERS:
+            raise UsageError(
+                f"{given_as}: unknown tracker {name!r}; choose from {', '.join(TRACKERS)}"
+            )
+        if name != "csv" and importlib.util.find_spec(name) is None:
+            raise UsageError(
+                f"{given_as}: the {name} tracker needs the {name} package, which is not "
+                f"installed; pip install 'hvd_train[{name}]'"
+            )
+    return tuple(dict.fromkeys(names))
 
 
 class Tracker:
@@ -63,7 +82,8 @@ class MlflowTracker(Tracker):
     """An MLflow run at `MLFLOW_TRACKING_URI` (MLflow's default: ./mlruns), in
     `MLFLOW_EXPERIMENT_NAME`'s experiment if set: the effective recipe as its parameters,
     every record's figures as metrics at the record's global step, and at the end summary.json,
-    curves.png and the newest checkpoint as its artifacts."""
+    curves.png and a checkpoint as its artifacts: the best (under `best/`) where the recipe
+    keeps some, else the newest (under `checkpoint/`)."""
 
     name = "mlflow"
 
@@ -85,8 +105,10 @@ class MlflowTracker(Tracker):
         for name in ("summary.json", "curves.png"):
             if (folder / name).exists():
                 self.mlflow.log_artifact(str(folder / name))
-        saved = checkpoints(folder / "checkpoints")
-        if saved:
+        if best_checkpoints(folder / BEST):
+            best = resolve_checkpoint(folder / BEST)
+            self.mlflow.log_artifacts(str(best), artifact_path=f"best/{best.name}")
+        elif saved := checkpoints(folder / "checkpoints"):
             self.mlflow.log_artifacts(str(saved[-1]), artifact_path=f"checkpoint/{saved[-1].name}")
         self.mlflow.end_run()
 

@@ -133,6 +133,8 @@ BAD_INPUTS = [
      "none of; set data.validation_fraction (0.1 is usual)"),
     ("unknown tracker", ["--track", "wandb"],
      "--track: unknown tracker 'wandb'; choose from mlflow, csv"),
+    ("unknown tracker in the recipe", ["--set", "output.trackers=['wandb']"],
+     "override output.trackers: unknown tracker 'wandb'; choose from mlflow, csv"),
     ("setting that needs another", ["--set", "optimizer.nesterov=true"],
      'override optimizer.nesterov: Nesterov momentum needs name = "sgd" and a momentum above 0'),
     ("override of the wrong type", ["--set", "schedule.batch_size=big"],

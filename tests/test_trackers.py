@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_train.checkpoint import checkpoint_name
+from hvd_train.checkpoint import checkpoint_name, resolve_checkpoint
 from tests.conftest import REPO
 from tests.helpers import hvd_train
 from tests.multiprocess.conftest import horovodrun
@@ -102,6 +102,30 @@ def test_mlflow_and_csv_take_the_recipe_every_record_and_the_artifacts(mlflow_se
     assert [float(row["loss"]) for row in rows if row["kind"] == "train"] == [
         loss for _, loss in trained
     ]
+
+
+def test_trackers_named_by_the_recipe_and_the_best_checkpoint_as_the_artifact(
+    mlflow_server, tmp_path
+):
+    from mlflow.tracking import MlflowClient
+
+    run = tmp_path / "named-by-the-recipe"
+    environment = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_EXPERIMENT_NAME": EXPERIMENT,
+                   "EVENTS": str(tmp_path / "events")}  # fmt: skip
+    result = hvd_train("--recipe", RECIPE, "--output-dir", str(run),
+                       "--set", 'output.trackers=["mlflow", "csv"]',
+                       "--set", "data.validation_fraction=0.25",
+                       "--set", "checkpoints.keep_best=2", env=environment)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (run / "metrics.csv").exists()
+    [tracked] = [r for r in runs_of(mlflow_server) if r.info.run_name == run.name]
+    assert tracked.data.params["output.trackers"] == "['mlflow', 'csv']"
+    client = MlflowClient(tracking_uri=mlflow_server)
+    artifacts = {a.path for a in client.list_artifacts(tracked.info.run_id)}
+    assert "best" in artifacts and "checkpoint" not in artifacts
+    best = resolve_checkpoint(run / "best")
+    kept = {a.path for a in client.list_artifacts(tracked.info.run_id, "best")}
+    assert kept == {f"best/{best.name}"}
 
 
 class Refusing(BaseHTTPRequestHandler):

@@ -13,7 +13,15 @@ from importlib import resources
 from hvd_train.layers import Layer
 from hvd_train.recipe.base import FRAMEWORKS, Recipe
 from hvd_train.recipe.python import is_python_reference, load_python_recipe
-from hvd_train.recipe.settings import Checkpoints, Data, Horovod, Loading, Optimizer, Schedule
+from hvd_train.recipe.settings import (
+    Checkpoints,
+    Data,
+    Horovod,
+    Loading,
+    Optimizer,
+    Output,
+    Schedule,
+)
 from hvd_train.recipe.toml import load_toml_recipe
 
 
@@ -37,6 +45,7 @@ __all__ = [
     "Layer",
     "Loading",
     "Optimizer",
+    "Output",
     "Recipe",
     "Schedule",
     "load_recipe",

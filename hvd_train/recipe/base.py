@@ -27,6 +27,7 @@ from hvd_train.recipe.settings import (
     Horovod,
     Loading,
     Optimizer,
+    Output,
     Schedule,
     Settings,
 )
@@ -77,6 +78,7 @@ class Recipe:
     a NumPy Generator seeded from (seed, epoch, example); it runs in the data workers. With
     `Data(...)`, its `transforms` list does the same from settings.
     `callbacks`: `hvd_train.Callback` objects, called at the loop's events on every rank.
+    `output`: `Output(trackers=["mlflow"])`, where the records go besides the run's folder.
     """
 
     data: Data | Callable[[], Any]
@@ -90,6 +92,7 @@ class Recipe:
     horovod: Horovod = field(default_factory=Horovod)
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
     loading: Loading = field(default_factory=Loading)
+    output: Output = field(default_factory=Output)
     transform: Callable[[Any, Any], Any] | None = None
     callbacks: tuple[Callback, ...] = ()
     description: str = ""
@@ -259,9 +262,13 @@ class Recipe:
         }
         for section in ("optimizer", "schedule", "horovod", "checkpoints"):
             table[section] = getattr(self, section).table()
+        if self.output.trackers:
+            table["output"] = self.output.table()
         return table
 
     def recipe_hash(self) -> str:
-        """A short hash of every setting (overrides included) and of a Python recipe's code."""
-        text = json.dumps([self.settings_table(), self.code_hash], sort_keys=True)
+        """A short hash of every setting that shapes what trains (overrides included) and of a
+        Python recipe's code."""
+        settings = {k: v for k, v in self.settings_table().items() if k != "output"}
+        text = json.dumps([settings, self.code_hash], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]

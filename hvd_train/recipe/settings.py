@@ -350,10 +350,25 @@ class Checkpoints(Settings):
     mode: str = setting("min", kind=str, choices=("min", "max"))
 
 
+@dataclass(frozen=True)
+class Output(Settings):
+    """Where the records go besides metrics.jsonl and TensorBoard: `trackers` (as `--track`
+    names them, which adds to them). They do not change what trains, so a resumed run may
+    change them, and the recipe's hash leaves them out."""
+
+    section = "output"
+    trackers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from hvd_train.trackers import checked_trackers
+
+        object.__setattr__(self, "trackers", checked_trackers(self.trackers, "output.trackers"))
+
+
 # Every key's section, so an override may name a key alone (`epochs=2`): the names are unique.
 KEY_SECTIONS = {
     item.name: cls.section
-    for cls in (Data, Loading, Optimizer, Schedule, Horovod, Checkpoints)
+    for cls in (Data, Loading, Optimizer, Schedule, Horovod, Checkpoints, Output)
     for item in dataclasses.fields(cls)
 }
 LOADING_KEYS = frozenset(item.name for item in dataclasses.fields(Loading))

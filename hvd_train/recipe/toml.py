@@ -22,11 +22,12 @@ from hvd_train.recipe.settings import (
     Horovod,
     Loading,
     Optimizer,
+    Output,
     Schedule,
     make_settings,
 )
 
-TABLES = ("data", "model", "optimizer", "schedule", "horovod", "checkpoints")
+TABLES = ("data", "model", "optimizer", "schedule", "horovod", "checkpoints", "output")
 
 
 def packaged_recipes() -> list[str]:
@@ -82,6 +83,7 @@ def _recipe(root: dict[str, Any]) -> Recipe:
         schedule=make_settings(Schedule, _table(root, "schedule")),
         horovod=make_settings(Horovod, _table(root, "horovod")),
         checkpoints=make_settings(Checkpoints, _table(root, "checkpoints")),
+        output=make_settings(Output, _table(root, "output")),
         description=description,
     )
 
