@@ -95,7 +95,9 @@ def resumed_run(
     joining worker runs this too, and must not wait in a collective here); otherwise rank 0
     reads and tells the others."""
     output_dir = Path(str(options.output_dir))
-    checkpoint, state, recipe_text = read_resume_point(adapter, output_dir, options.elastic)
+    checkpoint, state, recipe_text = read_resume_point(
+        adapter, output_dir, options.elastic, str(options.resume)
+    )
     recipe = resumed_recipe(state, recipe_text, given, adapter.name, overrides)
     options = dataclasses.replace(
         options,
@@ -156,13 +158,13 @@ def train_on_rank(
         summary = train_elastic(adapter, recipe, options, checkpoint, trackers)
     else:
         data = load_data_on_every_rank(adapter, recipe, options)
-        adapter.on_rank_zero(lambda: prepare_output_dir(output_dir(options), options.resume))
+        adapter.on_rank_zero(lambda: prepare_output_dir(output_dir(options), bool(options.resume)))
         run = open_run(adapter, recipe, seed(options))
         trainer = new_trainer(run, data, options, trackers)
         begin_at = Position(0, 0)
         if options.resume:
-            begin_at = adapter.on_rank_zero(lambda: trainer.load_snapshot(checkpoint))  # type: ignore[arg-type]
-        adapter.broadcast_state(include_optimizer=options.resume)
+            begin_at = trainer.resume(checkpoint)
+        adapter.broadcast_state(include_optimizer=bool(options.resume))
         summary = trainer.fit(begin_at)
     adapter.on_rank_zero(lambda: finish(output_dir(options), summary, trackers))
     return summary
@@ -199,10 +201,10 @@ def train_elastic(
 
     def begin() -> Position:
         check_ranks_agree(adapter, None, run_facts(adapter, recipe, options, data))
-        adapter.on_rank_zero(lambda: prepare_output_dir(output_dir(options), options.resume))
+        adapter.on_rank_zero(lambda: prepare_output_dir(output_dir(options), bool(options.resume)))
         if not options.resume:
             return Position(0, 0)
-        return adapter.on_rank_zero(lambda: trainer.load_snapshot(checkpoint))  # type: ignore[arg-type]
+        return trainer.resume(checkpoint)
 
     return trainer.fit_elastic(begin)
 

@@ -67,3 +67,12 @@ class Callback:
 
     def on_train_end(self, state: State) -> None:
         """Training ended, at the last epoch or at a requested stop."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this callback keeps across a resume, in values JSON holds (numbers, strings,
+        lists, tables): rank 0's is saved with each checkpoint, and a resumed run hands it to
+        every rank's `load_state_dict` before training goes on. Default: nothing."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Takes back what `state_dict` returned when the checkpoint was saved."""

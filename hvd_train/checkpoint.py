@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,24 @@ def load_newest_valid(directory: Path) -> Checkpoint | None:
                 flush=True,
             )
     return None
+
+
+def set_aside_later(run: Path, name: str) -> Path | None:
+    """Moves the run's checkpoints (newest and best) that are later than checkpoint `name`,
+    with a copy of its records, into a new `set-aside-<time>/` folder of `run`: a run that
+    goes back to its best checkpoint trains on from there, and what it trained after it stays
+    on disk. The folder, or None where nothing was later."""
+    later = [path for folder in (run / "checkpoints", run / BEST)
+             for path in checkpoints(folder) if path.name > name]  # fmt: skip
+    if not later:
+        return None
+    aside = run / time.strftime("set-aside-%Y%m%d-%H%M%S")
+    for path in later:
+        (aside / path.parent.name).mkdir(parents=True, exist_ok=True)
+        path.rename(aside / path.parent.name / path.name)
+    with contextlib.suppress(FileNotFoundError):
+        shutil.copy2(run / "metrics.jsonl", aside / "metrics.jsonl")
+    return aside
 
 
 def resolve_checkpoint(path: Path) -> Path:

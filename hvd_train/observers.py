@@ -9,7 +9,7 @@ import hashlib
 import math
 import time
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -223,6 +223,13 @@ class EarlyStopping(Observer):
         self.monitor, self.patience, self.min_delta = monitor, patience, min_delta
         self.sign = 1.0 if mode == "min" else -1.0  # the best is the lowest of sign * figure
         self.best, self.waited = math.inf, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": None if math.isinf(self.best) else self.best, "waited": self.waited}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        best = state["best"]
+        self.best, self.waited = math.inf if best is None else best, state["waited"]
 
     def on_evaluate(self, state: State, metrics: Mapping[str, float]) -> None:
         if self.monitor not in metrics:  # the test set's evaluation at the end

@@ -18,11 +18,16 @@ POSITIVE = Rule(int, positive=True)
 
 
 def option(default: Any, help: str, *, rule: Rule | None = None, flag: str = "",
-           metavar: str | None = None) -> Any:  # fmt: skip
+           metavar: str | None = None, choices: tuple[str, ...] = ()) -> Any:  # fmt: skip
     """A field of `RunOptions`: its default, the CLI's help (%(default)s is shown), the rule
-    its values obey, and its flag where that is not the field's name."""
-    meta = {"help": help, "rule": rule, "flag": flag, "metavar": metavar}
+    its values obey, and its flag where that is not the field's name. A flag with `choices`
+    may be given bare, for the first."""
+    meta = {"help": help, "rule": rule, "flag": flag, "metavar": metavar, "choices": choices}
     return field(default=default, metadata=meta)
+
+
+# Where --resume continues from: the newest valid checkpoint, or the best one kept.
+RESUME_FROM = ("latest", "best")
 
 
 @dataclass(frozen=True)
@@ -38,9 +43,11 @@ class RunOptions:
         None, "seed for weights and data order, the same on every rank (default: 42; with "
         "--resume, the run's own)", rule=Rule(int), metavar="N",
     )  # fmt: skip
-    resume: bool = option(
-        False, "continue the run in --output-dir from its newest valid checkpoint, with the "
+    resume: bool | str = option(
+        False, "continue the run in --output-dir from its newest valid checkpoint (latest, the "
+        "default) or from its best (best: the run's later checkpoints are set aside), with the "
         "recipe, settings, seed and framework it trained with (only --epochs may grow)",
+        choices=RESUME_FROM, metavar="FROM",
     )  # fmt: skip
     checkpoint_every: int | None = option(
         None, "also checkpoint every this many steps within an epoch, so a crash loses at most "
@@ -89,6 +96,12 @@ class RunOptions:
             if item.type == "Path | None" and value is not None:
                 object.__setattr__(self, item.name, Path(value))
         object.__setattr__(self, "track", checked_trackers(self.track, "--track"))
+        if self.resume is True:
+            object.__setattr__(self, "resume", RESUME_FROM[0])
+        if self.resume not in (False, *RESUME_FROM):
+            raise UsageError(
+                f"--resume: unknown value {self.resume!r}; choose {' or '.join(RESUME_FROM)}"
+            )
         if self.resume and self.output_dir is None:
             raise UsageError("--resume needs --output-dir, the folder of the run to continue")
         if self.elastic and self.output_dir is None:
@@ -116,7 +129,11 @@ def add_arguments(parser: argparse.ArgumentParser, names: list[str], parse: Any)
         if item.name not in names:
             continue
         meta: dict[str, Any] = {"help": item.metadata["help"], "dest": item.name}
-        if item.default is False:
+        if item.metadata["choices"]:
+            choices = item.metadata["choices"]
+            meta |= {"nargs": "?", "const": choices[0], "choices": choices,
+                     "default": item.default, "metavar": item.metadata["metavar"]}  # fmt: skip
+        elif item.default is False:
             meta["action"] = "store_true"
         elif item.default == ():
             meta |= {"action": "append", "default": [], "metavar": item.metadata["metavar"]}

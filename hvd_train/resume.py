@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from hvd_train.adapters import Adapter, Arrays
-from hvd_train.checkpoint import Checkpoint, checkpoints, load_newest_valid
+from hvd_train.checkpoint import (
+    BEST,
+    Checkpoint,
+    best_checkpoints,
+    checkpoints,
+    load_checkpoint,
+    load_newest_valid,
+    resolve_checkpoint,
+)
 from hvd_train.errors import UsageError
 from hvd_train.position import Position
 from hvd_train.recipe import Recipe, load_recipe
@@ -42,16 +50,30 @@ def saved_framework(output_dir: Path) -> str | None:
         return None
 
 
+def resume_point(output_dir: Path, start: str) -> Checkpoint | None:
+    """The checkpoint a run resumes from: its newest valid one (`start` "latest"), or the best
+    one it kept ("best")."""
+    if start == "latest":
+        return load_newest_valid(output_dir / "checkpoints")
+    if not best_checkpoints(output_dir / BEST):
+        raise UsageError(
+            f"nothing to resume from: {output_dir / BEST} holds no checkpoint (the recipe keeps "
+            "the best with [checkpoints] keep_best); use --resume latest"
+        )
+    return load_checkpoint(resolve_checkpoint(output_dir / BEST))
+
+
 def read_resume_point(
-    adapter: Adapter, output_dir: Path, everywhere: bool
+    adapter: Adapter, output_dir: Path, everywhere: bool, start: str
 ) -> tuple[Checkpoint | None, dict, str]:
-    """Rank 0 reads the newest valid checkpoint; every rank gets its state and recipe text,
-    rank 0 also the checkpoint (the others receive the weights by broadcast later). With
-    `everywhere` (elastic jobs), each rank reads it itself, with no collective."""
+    """Rank 0 reads the checkpoint to resume from (`start`: "latest" or "best"); every rank
+    gets its state and recipe text, rank 0 also the checkpoint (the others receive the weights
+    by broadcast later). With `everywhere` (elastic jobs), each rank reads it itself, with no
+    collective."""
     found: list[Checkpoint] = []
 
     def read() -> tuple[dict[str, Any], str]:
-        checkpoint = load_newest_valid(output_dir / "checkpoints")
+        checkpoint = resume_point(output_dir, start)
         if checkpoint is None:
             raise UsageError(
                 f"nothing to resume: {output_dir / 'checkpoints'} holds no valid checkpoint; "

@@ -30,23 +30,25 @@ class Snapshots:
         self.run, self.directory, self.keep = run, directory, keep
         self.seed, self.limit_steps = seed, limit_steps
 
-    def save(self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule) -> Path:
-        """Rank 0 writes a checkpoint of `position`; its path, on every rank. A failed write
-        stops every rank with its message."""
-        state = self.state(position, plan, schedule)
+    def save(self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule,
+             callbacks: dict[str, Any]) -> Path:  # fmt: skip
+        """Rank 0 writes a checkpoint of `position`, with what the `callbacks` keep; its path,
+        on every rank. A failed write stops every rank with its message."""
+        state = self.state(position, plan, schedule, callbacks)
         return self.run.adapter.on_rank_zero(
             lambda: self.write(self.directory, position, plan, state, self.keep)
         )
 
     def save_if_best(
-        self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule, figure: float
-    ) -> Path | None:
+        self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule, figure: float,
+        callbacks: dict[str, Any],
+    ) -> Path | None:  # fmt: skip
         """Rank 0 writes a checkpoint of `position` into the run's `best/` folder if `figure`
         ranks among the recipe's `keep_best` there, then drops the one that fell out; its path,
         on every rank, or None."""
         kept = self.run.recipe.checkpoints
         folder, sign = self.directory.parent / BEST, 1.0 if kept.mode == "min" else -1.0
-        state = self.state(position, plan, schedule) | {
+        state = self.state(position, plan, schedule, callbacks) | {
             "monitored": {"name": kept.monitor, "value": figure, "mode": kept.mode}
         }
 
@@ -71,8 +73,9 @@ class Snapshots:
         )  # fmt: skip
 
     def state(
-        self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule
-    ) -> dict[str, Any]:
+        self, position: Position, plan: EpochPlan, schedule: LearningRateSchedule,
+        callbacks: dict[str, Any],
+    ) -> dict[str, Any]:  # fmt: skip
         """What state.json records of `position`, beside the tensors."""
         recipe, adapter = self.run.recipe, self.run.adapter
         return {
@@ -95,6 +98,7 @@ class Snapshots:
             "layout": self.run.layout.name,
             "framework": adapter.name,
             "hvd_train_version": __version__,
+            "callbacks": callbacks,
         }
 
     def load(self, checkpoint: Checkpoint, plan: EpochPlan) -> Position:

@@ -1,5 +1,5 @@
 """The framework-neutral training loop, shaped as pytorch/examples' DDP tutorial shapes it:
-`run_step`, `run_epoch`, `save_snapshot` (and `load_snapshot`), `fit`.
+`run_step`, `run_epoch`, `save_snapshot` (and `resume`), `fit`.
 
 It is handed its collaborators built: the run (adapter and model), the data, the records, the
 snapshots. What happens at its events besides training is its observers' (`observers.py`), then
@@ -10,6 +10,7 @@ steps and collectives, and stops at the same step.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -25,8 +26,8 @@ import numpy as np
 from tqdm import tqdm
 
 from hvd_train.adapters.base import Elastic, ElasticState, StepResult
-from hvd_train.callbacks import State
-from hvd_train.checkpoint import Checkpoint
+from hvd_train.callbacks import Callback, State
+from hvd_train.checkpoint import BEST, Checkpoint, set_aside_later
 from hvd_train.data import Splits
 from hvd_train.data.pipeline import Step, Taken, augmentation, read_ahead, workers_for
 from hvd_train.data.sharding import epoch_order, shard_steps
@@ -264,25 +265,68 @@ class Trainer:
     def ask_to_stop(self) -> None:
         self.requests.asked = True
 
+    def keyed_callbacks(self) -> Iterator[tuple[str, Callback]]:
+        """The observers and callbacks by the names their kept state is saved under: the class
+        name, numbered from the second of a class on."""
+        seen: Counter[str] = Counter()
+        for callback in [*self.observers, *self.callbacks]:
+            name = type(callback).__name__
+            seen[name] += 1
+            yield (name if seen[name] == 1 else f"{name}#{seen[name]}"), callback
+
+    def callback_states(self) -> dict[str, Any]:
+        """What the observers and callbacks keep across a resume, by their names."""
+        states = {}
+        for key, callback in self.keyed_callbacks():
+            state = callback.state_dict()
+            try:
+                json.dumps(state, allow_nan=False)
+            except (TypeError, ValueError) as error:
+                raise UsageError(
+                    f"callback {key}'s state_dict() returned what a checkpoint cannot hold "
+                    f"({error}); return a dict of numbers, strings, lists and dicts"
+                ) from None
+            if state:
+                states[key] = state
+        return states
+
     def save_snapshot(self, position: Position) -> None:
         """Rank 0 saves a checkpoint of `position`; every rank's observers and callbacks are
         told where."""
-        path = self.snapshots.save(position, self.plan, self.schedule)
+        path = self.snapshots.save(position, self.plan, self.schedule, self.callback_states())
         self.saved = position
         self.notify("on_checkpoint", path)
 
     def save_if_best(self, position: Position, figure: float) -> None:
         """Rank 0 saves a checkpoint of `position` into the best ones if `figure` (of the
         recipe's watched metric) ranks among them; if it did, every rank is told where."""
-        path = self.snapshots.save_if_best(position, self.plan, self.schedule, figure)
+        path = self.snapshots.save_if_best(position, self.plan, self.schedule, figure,
+                                           self.callback_states())  # fmt: skip
         if path is not None:
             self.notify("on_checkpoint", path)
 
-    def load_snapshot(self, checkpoint: Checkpoint) -> Position:
-        """Rank 0 resumes from `checkpoint`; records after it are dropped, to be made anew."""
-        position = self.snapshots.load(checkpoint, self.plan)
-        self.records.keep_until(self.examples(position))
+    def resume(self, checkpoint: Checkpoint | None) -> Position:
+        """Every rank: rank 0 resumes from `checkpoint` (None on the others, which receive the
+        weights by broadcast), and every rank's observers and callbacks take back the state
+        they kept in it. Where training goes on."""
+        position, states = self.adapter.on_rank_zero(lambda: self.load_snapshot(checkpoint))
+        for key, callback in self.keyed_callbacks():
+            if key in states:
+                callback.load_state_dict(states[key])
         return position
+
+    def load_snapshot(self, checkpoint: Checkpoint | None) -> tuple[Position, dict[str, Any]]:
+        """Rank 0 resumes from `checkpoint`; records after it are dropped, to be made anew.
+        From one of the best checkpoints, the run's later checkpoints are set aside first.
+        Where it stands, and what the observers and callbacks kept."""
+        assert checkpoint is not None, "rank 0 read it"
+        position = self.snapshots.load(checkpoint, self.plan)
+        if checkpoint.path.parent.name == BEST:
+            aside = set_aside_later(self.output_dir, checkpoint.path.name)
+            if aside is not None:
+                print(f"hvd-train: the checkpoints after it are set aside in {aside}", flush=True)
+        self.records.keep_until(self.examples(position))
+        return position, checkpoint.state.get("callbacks", {})
 
     def commit(self, position: Position) -> None:
         """Records `position` with the model in the elastic state: a failure rolls back to here."""

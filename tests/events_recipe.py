@@ -1,6 +1,8 @@
 """A small Python recipe whose callback writes each event as its rank sees it to
 `$EVENTS.<rank>` (JSON lines). `$STOP` (`event:step[:rank]`) makes it ask for a stop there,
-and `$RAISE` the same way makes it raise; a step of -1 matches any, no rank every rank. For
+and `$RAISE` the same way makes it raise; a step of -1 matches any, no rank every rank.
+`$KEEP` is what it keeps across a resume (`state_dict`; "unsaveable": an object JSON cannot
+hold), and what a resumed run hands back is written to `$EVENTS.loaded`. For
 tests/test_callbacks.py and the two-rank stops in tests/multiprocess/test_stops.py."""
 
 import json
@@ -71,6 +73,16 @@ class Events(Callback):
 
     def on_train_end(self, state):
         self.write("on_train_end", state)
+
+    def state_dict(self):
+        kept = os.environ.get("KEEP", "")
+        if kept == "unsaveable":
+            return {"kept": object()}
+        return {"kept": kept} if kept else {}
+
+    def load_state_dict(self, state):
+        with open(f"{os.environ['EVENTS']}.loaded", "a") as out:
+            out.write(json.dumps(state) + "\n")
 
 
 recipe = Recipe(data=data, torch_model=torch_model, keras_model=keras_model,

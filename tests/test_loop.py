@@ -20,10 +20,11 @@ STEPS = 12  # per epoch: 384 examples in batches of 32
 
 
 def train(tmp_path: Path, framework: str, *arguments: str, **env: str):
-    """The events recipe trained in one process; its result and each event it saw."""
+    """The events recipe trained in one process (resumed, with "--resume" in `arguments`: the
+    run's own recipe and framework); its result and each event it saw."""
     out = tmp_path / "run"
-    result = hvd_train("--recipe", RECIPE, "--framework", framework, "--output-dir", str(out),
-                       "--log-every", "1", *arguments,
+    new = () if "--resume" in arguments else ("--recipe", RECIPE, "--framework", framework)
+    result = hvd_train(*new, "--output-dir", str(out), "--log-every", "1", *arguments,
                        env={"EVENTS": str(tmp_path / "events"), **env})  # fmt: skip
     lines = (tmp_path / "events.0").read_text().splitlines()
     return result, [json.loads(line) for line in lines]
@@ -183,3 +184,71 @@ def test_the_best_checkpoints_are_kept_and_eval_takes_the_best(tmp_path):
     chosen = evaluation(best, "--framework", "torch")
     lowest = min(two_best, key=figures.get)
     assert Path(chosen["checkpoint"]).name == checkpoint_name(lowest // 9, 32 * (lowest % 9))
+
+
+def test_early_stopping_counts_on_across_a_resume(tmp_path):
+    # No evaluation improves on the first by 10: with patience 2, the third (epoch 3) asks to
+    # stop, in one run as in a run of two epochs resumed for more.
+    stopping = "schedule.early_stopping={ patience = 2, min_delta = 10.0 }"
+    split = "data.validation_fraction=0.25"
+    whole, _ = train(tmp_path / "whole", "torch", "--set", split, "--set", stopping,
+                     "--epochs", "5")  # fmt: skip
+    assert whole.returncode == 0, whole.stderr
+    assert "hvd-train: early stopping at step 27: val_loss has not improved" in whole.stdout
+    first, _ = train(tmp_path, "torch", "--set", split, "--set", stopping, "--epochs", "2",
+                     KEEP="the first run's")  # fmt: skip
+    assert first.returncode == 0 and summary(tmp_path)["stopped_early"] is False, first.stderr
+    resumed, events = train(tmp_path, "torch", "--resume", "--epochs", "5")
+    assert resumed.returncode == 0, resumed.stderr
+    # The recipe's callback took back what it kept, as the early stopping did.
+    assert (tmp_path / "events.loaded").read_text() == '{"kept": "the first run\'s"}\n'
+    assert "hvd-train: early stopping at step 27: val_loss has not improved" in resumed.stdout
+    assert summary(tmp_path)["stopped_early"] is True
+    assert events[-1] == {**events[-1], "event": "on_train_end", "step": 27}
+
+
+def test_a_callback_state_a_checkpoint_cannot_hold_is_one_line(tmp_path):
+    result, _ = train(tmp_path, "torch", KEEP="unsaveable")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "hvd-train: error: callback Events's state_dict() returned what a checkpoint cannot hold "
+        "(Object of type object is not JSON serializable); return a dict of numbers, strings, "
+        "lists and dicts"
+    )
+
+
+def test_resuming_from_the_best_checkpoint_sets_the_later_ones_aside(tmp_path):
+    # The highest validation loss is the best here: the first epoch's, so that two follow it.
+    run = tmp_path / "run"
+    keep = ["--set", "data.validation_fraction=0.25", "--set", "checkpoints.keep_best=1",
+            "--set", "checkpoints.mode='max'"]  # fmt: skip
+    result, _ = train(tmp_path, "torch", *keep, "--epochs", "3")
+    assert result.returncode == 0, result.stderr
+    [best] = (run / "best").iterdir()
+    assert best.name == checkpoint_name(1, 0)
+    trained = (run / "checkpoints" / checkpoint_name(3, 0) / "model.safetensors").read_bytes()
+    records_before = (run / "metrics.jsonl").read_text()
+
+    resumed, _ = train(tmp_path, "torch", "--resume", "best")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"hvd-train: resuming from {best}" in resumed.stdout
+    [aside] = run.glob("set-aside-*")
+    assert f"hvd-train: the checkpoints after it are set aside in {aside}" in resumed.stdout
+    assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == [
+        checkpoint_name(2, 0),
+        checkpoint_name(3, 0),
+    ]
+    assert (aside / "metrics.jsonl").read_text() == records_before
+    # Trained again from the first epoch's end, exactly as the first time.
+    again = run / "checkpoints" / checkpoint_name(3, 0) / "model.safetensors"
+    assert again.read_bytes() == trained
+    assert [r["epoch"] for r in records(tmp_path, "eval")] == [1, 2, 3, 3]
+
+    missing, _ = train(tmp_path / "no-best", "torch", "--epochs", "1")
+    assert missing.returncode == 0, missing.stderr
+    refused, _ = train(tmp_path / "no-best", "torch", "--resume", "best")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith(
+        "holds no checkpoint (the recipe keeps the best with [checkpoints] keep_best); use "
+        "--resume latest"
+    )
