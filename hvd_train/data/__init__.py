@@ -3,6 +3,7 @@ validation split set aside)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,12 @@ from hvd_train.recipe.settings import Data
 VALIDATION_STREAM = 7  # the seed's stream for the validation split, apart from the others
 
 RETURNS = (
-    "return ((x_train, y_train), (x_test, y_test)), arrays or datasets with len() and [indices] "
-    "(Hugging Face's too)"
+    "return ((x_train, y_train), (x_test, y_test)), or (train, validation, test), or a dict of "
+    "train, test and optionally validation (a Hugging Face DatasetDict); each part arrays or a "
+    "dataset with len() and [indices] (Hugging Face's too)"
 )
+# What a dict from a Python recipe's data function holds: its splits by name (DatasetDict's).
+SPLIT_NAMES = ("train", "validation", "test")
 
 
 def load_data(recipe: Recipe, data_dir: Path | None) -> Splits:
@@ -43,17 +47,30 @@ def load_data(recipe: Recipe, data_dir: Path | None) -> Splits:
     are read: `pipeline.read_ahead`)."""
     splits = load_source(recipe, data_dir)
     evaluation = recipe.transforms().evaluation
-    if evaluation:
-        return Splits(splits.train, Transformed(splits.test, evaluation))
-    return splits
+    if not evaluation:
+        return splits
+    validation = splits.validation and Transformed(splits.validation, evaluation)
+    return Splits(splits.train, Transformed(splits.test, evaluation), validation)
 
 
 def with_validation(splits: Splits, recipe: Recipe, seed: int) -> Splits:
     """`splits` with the recipe's `validation_fraction` of the training examples set aside as
     the validation split: drawn with `seed` alone, so the same on every rank and at any world
-    size, and taking evaluation's transforms as the test split does."""
+    size, and taking evaluation's transforms as the test split does. A source's own
+    validation split stays as it is."""
     fraction, count = recipe.loading.validation_fraction, len(splits.train)
+    if splits.validation is not None and fraction:
+        raise UsageError(
+            f"data.validation_fraction: the data gives its own validation split "
+            f"({len(splits.validation)} examples); remove validation_fraction"
+        )
     if not fraction:
+        if splits.validation is None and (watcher := recipe.validation_watcher()):
+            raise UsageError(
+                f"{watcher}: it watches the validation split, which {recipe.source or 'the data'}"
+                "'s data function does not return; return (train, validation, test), or set "
+                "data.validation_fraction (0.1 is usual)"
+            )
         return splits
     held = round(count * fraction)
     if not 0 < held < count:
@@ -91,14 +108,19 @@ def load_source(recipe: Recipe, data_dir: Path | None) -> Splits:
 
 def _from_python(returned: Any, recipe: Recipe) -> Splits:
     """What a Python recipe's data function returned, as Splits; a wrong shape is one line."""
-    if not (isinstance(returned, tuple | list) and len(returned) == 2):
+    if isinstance(returned, Mapping):
+        if not {"train", "test"} <= set(returned) <= set(SPLIT_NAMES):
+            names = ", ".join(map(repr, returned))
+            raise UsageError(f"{recipe.source}: data() returned a dict of {names}; {RETURNS}")
+        parts = dict(returned)
+    elif isinstance(returned, tuple | list) and len(returned) in (2, 3):
+        names = SPLIT_NAMES if len(returned) == 3 else ("train", "test")
+        parts = dict(zip(names, returned, strict=True))
+    else:
         raise UsageError(f"{recipe.source}: data() returned {type(returned).__name__}; {RETURNS}")
-    return Splits(
-        *(
-            _dataset(part, f"{recipe.source}: data()'s {name}", recipe.loss)
-            for part, name in zip(returned, ("train", "test"), strict=True)
-        )
-    )
+    made = {name: _dataset(part, f"{recipe.source}: data()'s {name}", recipe.loss)
+            for name, part in parts.items()}  # fmt: skip
+    return Splits(made["train"], made["test"], made.get("validation"))
 
 
 def _dataset(part: Any, what: str, loss: Any) -> Dataset:

@@ -74,7 +74,7 @@ def batch_size(x: Inputs) -> int:
 class Splits:
     train: Dataset
     test: Dataset
-    validation: Dataset | None = None  # set aside from the training examples
+    validation: Dataset | None = None  # the source's own, or set aside from the training examples
 
 
 @dataclass(frozen=True)

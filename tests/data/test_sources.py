@@ -51,7 +51,11 @@ def test_a_python_recipes_arrays_and_objects_become_datasets():
     ("returned", "message"),
     [
         (None, "data() returned NoneType; return ((x_train, y_train), (x_test, y_test))"),
-        ((1, 2, 3), "data() returned tuple"),
+        ((1, 2, 3, 4), "data() returned tuple"),
+        ({"train": 1, "val": 2, "test": 3}, "data() returned a dict of 'train', 'val', 'test'; "
+         "return ((x_train, y_train), (x_test, y_test)), or (train, validation, test), or a dict"),
+        (((np.zeros((3, 2)), np.zeros(3, int)), 5, (np.zeros((1, 2)), np.zeros(1, int))),
+         "data()'s validation part is int"),
         (((np.zeros((3, 2)), np.zeros(2, int)), (np.zeros((1, 2)), np.zeros(1, int))),
          "data()'s train part has 3 inputs and 2 labels"),
         (((np.zeros((3, 2)), np.zeros(3)), (np.zeros((1, 2)), np.zeros(1, int))),

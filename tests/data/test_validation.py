@@ -1,13 +1,15 @@
 """The validation split: set aside from the training examples with the seed alone (so the same
 on every rank and at any world size), disjoint from what trains, read through the same source."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from hvd_train.data import ArrayDataset, Splits, with_validation
+from hvd_train.data import ArrayDataset, Splits, load_data, take, with_validation
 from hvd_train.data.base import Subset
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Data, Loading, Recipe
+from hvd_train.recipe import Checkpoints, Data, Loading, Recipe
 
 
 def splits(train: object) -> Splits:
@@ -61,3 +63,34 @@ def test_no_fraction_is_no_split_and_one_that_leaves_nothing_is_one_line():
                        r"examples sets aside 0; give a fraction that leaves examples on both "
                        r"sides"):  # fmt: skip
         with_validation(splits(Files(50)), recipe(0.001), seed=1)
+
+
+def part(first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.arange(first, first + count, dtype=np.float32)[:, None], np.arange(count) % 2
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_a_sources_own_validation_split_is_taken_as_it_is(as_dict):
+    train, validation, test = part(0, 20), part(100, 6), part(200, 4)
+    returned = ({"test": test, "validation": validation, "train": train} if as_dict
+                else (train, validation, test))  # fmt: skip
+    given = Recipe(data=lambda: returned, torch_model=lambda: None,
+                   checkpoints=Checkpoints(keep_best=1))  # fmt: skip
+    split = with_validation(load_data(given, None), given, seed=1)
+    assert split.validation is not None and len(split.train) == 20 and len(split.test) == 4
+    assert take(split.validation, np.arange(6))[0][:, 0].tolist() == list(range(100, 106))
+    also = dataclasses.replace(given, loading=Loading(validation_fraction=0.1))
+    own = (r"^data.validation_fraction: the data gives its own validation split \(6 examples\); "
+           r"remove validation_fraction$")  # fmt: skip
+    with pytest.raises(UsageError, match=own):
+        with_validation(load_data(given, None), also, seed=1)
+
+
+def test_watching_a_validation_split_that_a_data_function_does_not_return_is_one_line():
+    given = Recipe(data=lambda: (part(0, 20), part(200, 4)), torch_model=lambda: None,
+                   checkpoints=Checkpoints(keep_best=1), source="mine.py")  # fmt: skip
+    message = (r"^checkpoints.keep_best: it watches the validation split, which mine.py's data "
+               r"function does not return; return \(train, validation, test\), or set "
+               r"data.validation_fraction \(0.1 is usual\)$")  # fmt: skip
+    with pytest.raises(UsageError, match=message):
+        with_validation(load_data(given, None), given, seed=1)
