@@ -35,8 +35,8 @@ from typing import Any
 
 from benchmarks.hosts import HOSTS, Hosts, cannot_make_hosts, shape, two_hosts
 from benchmarks.run import BIN, PYTHON, ROOT, machine, results
-from hvd_train.adapters import TENSORFLOW_ENVIRONMENT
 from hvd_train.commands.bench import projected_efficiency
+from hvd_train.frameworks import FRAMEWORKS
 
 TOLERANCE = 0.15  # how far a projection may be from the shaped runs' figure
 RDZV_PORT = 29511
@@ -48,8 +48,8 @@ ONE_THREAD = {"HVD_TRAIN_THREADS": "1", "THREADS": "1"}
 
 
 def environment() -> dict[str, str]:
-    return {**TENSORFLOW_ENVIRONMENT, **os.environ, **ONE_THREAD, "TF_CPP_MIN_LOG_LEVEL": "3",
-            "PYTHONPATH": str(ROOT)}  # fmt: skip
+    return {**FRAMEWORKS["tensorflow"].environment, **os.environ, **ONE_THREAD,
+            "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}  # fmt: skip
 
 
 def checked(jobs: list[subprocess.Popen[str]]) -> list[str]:

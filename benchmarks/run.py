@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from hvd_train.adapters import TENSORFLOW_ENVIRONMENT
+from hvd_train.frameworks import FRAMEWORKS
 
 PYTHON = sys.executable
 BIN = Path(PYTHON).parent
@@ -57,7 +57,7 @@ def environment(tree: Path = ROOT) -> dict[str, str]:
     """What a benchmark's processes run with, importing hvd_train from `tree`. Every system gets
     hvd_train's TensorFlow settings (where the environment gives none): the same kernels, so
     the ratios compare how each trains."""
-    return {**TENSORFLOW_ENVIRONMENT, **os.environ, "PYTHONPATH": str(tree),
+    return {**FRAMEWORKS["tensorflow"].environment, **os.environ, "PYTHONPATH": str(tree),
             "TF_CPP_MIN_LOG_LEVEL": "3"}  # fmt: skip
 
 

@@ -17,11 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvd_train.adapters import Adapter, Elastic, import_tensorflow_quietly, use_framework
+from hvd_train.adapters import Adapter, Elastic
 from hvd_train.checkpoint import BEST, Checkpoint, checkpoints, remove_partial
 from hvd_train.data import Splits, load_data, with_validation
 from hvd_train.errors import UsageError
 from hvd_train.evaluation import check_outputs_fit
+from hvd_train.frameworks import DEFAULT_FRAMEWORK, import_quietly, use_framework
 from hvd_train.metrics import MetricsWriter, write_summary
 from hvd_train.options import RunOptions
 from hvd_train.plot import plot_runs
@@ -40,7 +41,7 @@ from hvd_train.trackers import Trackers
 from hvd_train.trainer import Trainer
 from hvd_train.version import __version__
 
-DEFAULT_RECIPE, DEFAULT_FRAMEWORK, DEFAULT_SEED = "mnist_cnn", "torch", 42
+DEFAULT_RECIPE, DEFAULT_SEED = "mnist_cnn", 42
 
 
 def train(
@@ -48,7 +49,7 @@ def train(
 ) -> dict[str, Any]:
     """Trains `recipe` (a `Recipe`, or a reference as `--recipe` takes it; mnist_cnn if none)
     on this rank, alone or as one of the ranks horovodrun started; the run's summary (written
-    by rank 0). Defaults: framework torch, seed 42.
+    by rank 0). Defaults: framework DEFAULT_FRAMEWORK (torch), seed 42.
 
     `keywords` are `RunOptions`'s fields, the CLI's train flags by the same names
     (`output_dir`, `seed`, `resume`, `checkpoint_every`, `horovod_timeline`, ...), and
@@ -68,9 +69,7 @@ def train(
     adapter = start(framework, recipe if isinstance(recipe, Recipe) else None)  # None: resumed
     if options.elastic and not isinstance(adapter, Elastic):
         raise UsageError(
-            f"--elastic is not available with --framework {framework}: Horovod's elastic "
-            "state for TensorFlow targets Keras 2; use --framework torch, or drop --elastic and "
-            "rely on --resume"
+            f"--elastic is not available with --framework {framework}: {adapter.without_elastic}"
         )
     checkpoint = None
     if options.resume:
@@ -135,8 +134,8 @@ def resolve_recipe(recipe: str | Recipe, framework: str) -> Recipe:
     use_framework(framework)
     if not isinstance(recipe, str):
         return recipe
-    if framework == "tensorflow" and is_python_reference(recipe):
-        import_tensorflow_quietly()  # the recipe's code may import Keras, and TensorFlow with it
+    if is_python_reference(recipe):
+        import_quietly(framework)  # the recipe's code may import the framework (through Keras)
     return load_recipe(recipe)
 
 

@@ -29,8 +29,8 @@ from typing import Any
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from hvd_train.adapters.base import Arrays
 from hvd_train.errors import UsageError
+from hvd_train.layers import Arrays
 
 MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.safetensors"
 STATE_FILE, RECIPE_FILE = "state.json", "recipe.toml"

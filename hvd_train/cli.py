@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hvd_train.adapters import ADAPTERS, EXPORT_FORMATS
 from hvd_train.errors import DataStalled, ReplicasDiverged, Stopped, UsageError, reported_here
+from hvd_train.frameworks import DEFAULT_FRAMEWORK, EXPORT_FORMATS, FRAMEWORKS
 from hvd_train.launching import BACKENDS
 from hvd_train.options import TRAIN_OPTIONS, add_arguments
 from hvd_train.rules import Rule
@@ -118,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     shared = Parser(add_help=False)
     shared.add_argument(
         "--framework",
-        choices=sorted(ADAPTERS),
-        help="the framework to run under (default: torch; with --resume, the run's own)",
+        choices=sorted(FRAMEWORKS),
+        help=f"the framework to run under (default: {DEFAULT_FRAMEWORK}; with --resume, the "
+        "run's own)",
     )
     add_arguments(shared, ["data_dir"], checked)
     shared.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
@@ -238,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "%(default)s)")  # fmt: skip
     k8s.add_argument("train_arguments", nargs="*", metavar="-- TRAIN_FLAGS", help="the flags of "
                      "`hvd-train train` for the job (default: --recipe mnist_cnn --framework "
-                     "torch)")  # fmt: skip
+                     f"{DEFAULT_FRAMEWORK})")  # fmt: skip
     k8s.add_argument("--debug", action="store_true", help="show tracebacks for usage errors")
     return parser
 
@@ -286,7 +287,7 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def run_show_recipe(args: argparse.Namespace) -> int:
-    from hvd_train.api import DEFAULT_FRAMEWORK, DEFAULT_RECIPE, resolve_recipe, with_overrides
+    from hvd_train.api import DEFAULT_RECIPE, resolve_recipe, with_overrides
     from hvd_train.recipe.toml import recipe_toml
 
     framework = args.framework or DEFAULT_FRAMEWORK
@@ -297,7 +298,7 @@ def run_show_recipe(args: argparse.Namespace) -> int:
 
 
 def run_write_records(args: argparse.Namespace) -> int:
-    from hvd_train.api import DEFAULT_FRAMEWORK, DEFAULT_RECIPE, resolve_recipe, with_overrides
+    from hvd_train.api import DEFAULT_RECIPE, resolve_recipe, with_overrides
     from hvd_train.data import load_source
     from hvd_train.data.records import write_records
 
@@ -313,7 +314,6 @@ def run_write_records(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from hvd_train.api import DEFAULT_FRAMEWORK
     from hvd_train.commands.evaluate import evaluate_checkpoint
     from hvd_train.scoring import describe, evaluation_figures
 
@@ -347,7 +347,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from hvd_train.api import DEFAULT_FRAMEWORK
     from hvd_train.commands.bench import run_bench as bench
     from hvd_train.commands.bench import table
 

@@ -14,10 +14,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from hvd_train.errors import UsageError
 from hvd_train.rules import Rule
 
 Shape = tuple[int, ...]
+Arrays = dict[str, np.ndarray]  # weights (or optimizer state) by name
 
 # Each layer type's parameters: name -> (rule, default or None when required).
 PARAMETERS: dict[str, dict[str, tuple[Rule, Any]]] = {

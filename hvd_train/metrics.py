@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hvd_train.errors import UsageError
+from hvd_train.frameworks import FRAMEWORKS
 from hvd_train.trackers import Trackers
 
 # metrics.jsonl keys -> TensorBoard tags; an evaluation's `test_<name>` is `test/<name>`, and
@@ -41,15 +42,15 @@ def write_error(path: Path, error: OSError) -> str:
 def _summary_writer_class() -> Any:
     """tensorboardX's SummaryWriter. Its module imports torch, where installed, only to accept
     torch tensors: seconds of a TensorFlow run's start and torch's libraries beside TensorFlow's.
-    Where torch is not loaded yet it is hidden from that import (the records are floats)."""
-    hidden = "torch" not in sys.modules
-    if hidden:
-        sys.modules["torch"] = None  # type: ignore[assignment]  # an import of it fails
+    The frameworks not loaded yet are hidden from that import (the records are floats)."""
+    hidden = [f.module for f in FRAMEWORKS.values() if f.module not in sys.modules]
+    for module in hidden:
+        sys.modules[module] = None  # type: ignore[assignment]  # an import of it fails
     try:
         from tensorboardX import SummaryWriter
     finally:
-        if hidden:
-            del sys.modules["torch"]
+        for module in hidden:
+            del sys.modules[module]
     return SummaryWriter
 
 

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from hvd_train.adapters import Adapter, Arrays
+from hvd_train.adapters import Adapter
 from hvd_train.checkpoint import (
     BEST,
     Checkpoint,
@@ -23,6 +23,8 @@ from hvd_train.checkpoint import (
     resolve_checkpoint,
 )
 from hvd_train.errors import UsageError
+from hvd_train.frameworks import FRAMEWORKS
+from hvd_train.layers import Arrays
 from hvd_train.position import Position
 from hvd_train.recipe import Recipe, load_recipe
 from hvd_train.recipe.settings import PYTHON_FUNCTION
@@ -174,10 +176,11 @@ def check_weights_fit(checkpoint: Checkpoint, weights: Arrays, remedy: str) -> N
 
 
 def check_layout(checkpoint: Checkpoint, framework: str, layout: str) -> None:
-    """Weights in a model's own layout load only into that model under that framework; the
-    neutral layout of TOML recipes loads under either."""
+    """Weights load into a model of their layout: the neutral layout of TOML recipes under
+    every framework, a recipe's own model's under each framework that trains that model."""
     state = checkpoint.state
-    if state["layout"] == layout and (layout != "torch" or state["framework"] == framework):
+    trains = layout == "neutral" or layout in FRAMEWORKS[framework].models
+    if state["layout"] == layout and trains:
         return
     if state["layout"] == "neutral" or layout == "neutral":
         raise UsageError(

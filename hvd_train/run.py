@@ -7,11 +7,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from hvd_train.adapters import Adapter, Arrays, create_adapter
+from hvd_train.adapters import Adapter, create_adapter
 from hvd_train.adapters.base import buckets
 from hvd_train.builders import Layout, build_model
 from hvd_train.checkpoint import Checkpoint
-from hvd_train.layers import trained_weight_shapes
+from hvd_train.layers import Arrays, trained_weight_shapes
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.settings import Data, Optimizer
 from hvd_train.resume import check_layout, check_weights_fit

@@ -328,7 +328,7 @@ def test_a_torch_only_recipe_under_tensorflow_is_refused(tmp_path):
                     "torch_model=print)\n")  # fmt: skip
     result = hvd_train("--framework", "tensorflow", "--recipe", str(path))
     assert_usage_error(
-        result, "recipe 'torch_only' supports torch only (its model is a torch module); use "
+        result, "recipe 'torch_only' supports torch only (it gives torch_model); use "
         "--framework torch, or give the recipe a keras_model"
     )  # fmt: skip
 

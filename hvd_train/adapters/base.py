@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from hvd_train.errors import UsageError
+from hvd_train.layers import Arrays
 from hvd_train.recipe.settings import Horovod, Optimizer
 
 T = TypeVar("T")
@@ -40,7 +41,6 @@ HOROVOD_DEFAULTS = {"HOROVOD_CYCLE_TIME": "3"}
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD_BYTES = 32 * 2**20
 TRIM_THRESHOLD_BYTES = 128 * 2**20
-Arrays = dict[str, np.ndarray]
 Batch = tuple[np.ndarray, Any]  # inputs and labels (an array, or a tuple of them), from `take`
 # Where an export went, the exported model's outputs on the examples, and the same from the
 # written file loaded back (None where the runtime that loads it is not installed).
@@ -155,6 +155,8 @@ class Adapter(ABC):
 
     name: ClassVar[str]
     hvd: ModuleType  # the binding: horovod.torch or horovod.tensorflow
+    # Why an adapter that is not `Elastic` is not, and what to do instead.
+    without_elastic: ClassVar[str] = ""
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1

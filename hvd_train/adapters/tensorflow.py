@@ -121,6 +121,10 @@ def _own_optimizer(function: Callable[..., Any]) -> keras.optimizers.Optimizer:
 
 class TensorFlowAdapter(Adapter):
     name = "tensorflow"
+    without_elastic = (
+        "Horovod's elastic state for TensorFlow targets Keras 2; use --framework torch, or drop "
+        "--elastic and rely on --resume"
+    )
     hvd = hvd
 
     def init(self, may_overlap: bool = True) -> None:

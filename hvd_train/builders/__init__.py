@@ -1,7 +1,8 @@
 """Where a recipe's model comes from, and how checkpoints hold its weights.
 
 A model is the neutral layer list built by the framework's builder (`torch_layers`,
-`keras_models`), or the recipe's own function for torch or Keras. Its `Layout` converts between
+`keras_models`, named in `hvd_train/frameworks.py`), or the recipe's own function for torch or
+Keras, checked by the builder of its kind. Its `Layout` converts between
 the weights as the adapter gives them (the framework's own names and shapes) and as a checkpoint
 keeps them: "neutral" (moves between frameworks), "torch" (a state_dict) or "keras" (Keras's
 weights by index). Adapters never see a recipe or a layout.
@@ -9,6 +10,7 @@ weights by index). Adapters never see a recipe or a layout.
 
 from __future__ import annotations
 
+import importlib
 import random
 import sys
 from collections.abc import Callable, Iterator
@@ -18,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.adapters.base import Arrays
 from hvd_train.errors import UsageError
+from hvd_train.frameworks import builder_of, framework_named
+from hvd_train.layers import Arrays
 from hvd_train.recipe import Data, Recipe
 
 
@@ -79,57 +82,24 @@ def keras_precision(precision: str) -> Iterator[None]:
 
 
 def _build(recipe: Recipe, framework: str) -> Built:
+    """The neutral list by the framework's builder; the recipe's own model by the builder of
+    its kind (a Keras model under torch: Keras's)."""
     layout = recipe.layout(framework)
     if layout == "neutral":
         assert isinstance(recipe.data, Data) and recipe.data.input_shape is not None
-        if framework == "torch":
-            from hvd_train.builders import torch_layers as builder
-        else:
-            from hvd_train.builders import keras_models as builder  # type: ignore[no-redef]
-        return builder.build_neutral(recipe.layers, recipe.data.input_shape)
-    if layout == "torch":
-        assert recipe.torch_model is not None
-        model = recipe.torch_model()
-        from torch import nn
-
-        if not isinstance(model, nn.Module):
-            raise model_type_error(recipe, "torch_model", "a torch.nn.Module", model)
-        return Built(model, Layout("torch"))
-    assert recipe.keras_model is not None
-    return Built(user_keras_model(recipe, framework), Layout("keras"))
-
-
-def user_keras_model(recipe: Recipe, framework: str) -> Any:
-    """The recipe's keras_model(), checked to be a Keras model on `framework`'s backend."""
-    assert recipe.keras_model is not None
-    model = recipe.keras_model()
-    keras = sys.modules.get("keras")
-    if keras is None or not isinstance(model, keras.Model):
-        raise model_type_error(recipe, "keras_model", "a Keras model", model)
-    backend = keras.backend.backend()
-    if backend != framework:
-        raise UsageError(
-            f"{recipe.source}: keras_model() built a model on Keras's {backend} backend, but "
-            f"--framework {framework} needs the {framework} backend; run in a fresh process "
-            f"(hvd_train sets KERAS_BACKEND before the recipe loads), or set "
-            f"KERAS_BACKEND={framework} before importing keras"
-        )
-    return model
+        builder = importlib.import_module(framework_named(framework).builder)
+        built: Built = builder.build_neutral(recipe.layers, recipe.data.input_shape)
+        return built
+    own: Built = importlib.import_module(builder_of(layout)).own_model(recipe, framework)
+    return own
 
 
 def seed_framework(framework: str, seed: int) -> None:
     """Seeds the random numbers a model's initialisers draw from: Python's (Keras draws its
-    initialisers' seeds there), NumPy's, and the framework's."""
+    initialisers' seeds there), NumPy's, and the framework's (its builder's `seed`)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    if framework == "torch":
-        import torch
-
-        torch.manual_seed(seed)  # (keras.utils.set_random_seed would import TensorFlow too)
-    else:
-        import keras
-
-        keras.utils.set_random_seed(seed)
+    importlib.import_module(framework_named(framework).builder).seed(seed)
 
 
 def model_type_error(recipe: Recipe, builder: str, expected: str, model: Any) -> UsageError:

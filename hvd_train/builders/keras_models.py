@@ -16,10 +16,33 @@ from typing import Any
 import keras
 import numpy as np
 
-from hvd_train.builders import Built, Layout
+from hvd_train.builders import Built, Layout, model_type_error
+from hvd_train.errors import UsageError
 from hvd_train.layers import Layer, Shape
+from hvd_train.recipe import Recipe
 
 SEED_STATE = "seed_generator_state"
+
+
+def seed(seed: int) -> None:
+    keras.utils.set_random_seed(seed)
+
+
+def own_model(recipe: Recipe, framework: str) -> Built:
+    """The recipe's keras_model(), checked to be a Keras model on `framework`'s backend."""
+    assert recipe.keras_model is not None
+    model = recipe.keras_model()
+    if not isinstance(model, keras.Model):
+        raise model_type_error(recipe, "keras_model", "a Keras model", model)
+    backend = keras.backend.backend()
+    if backend != framework:
+        raise UsageError(
+            f"{recipe.source}: keras_model() built a model on Keras's {backend} backend, but "
+            f"--framework {framework} needs the {framework} backend; run in a fresh process "
+            f"(hvd_train sets KERAS_BACKEND before the recipe loads), or set "
+            f"KERAS_BACKEND={framework} before importing keras"
+        )
+    return Built(model, Layout("keras"))
 
 
 def build_neutral(layers: tuple[Layer, ...], input_shape: Shape) -> Built:

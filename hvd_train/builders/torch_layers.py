@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_train.adapters.base import Arrays
-from hvd_train.builders import Built, Layout
-from hvd_train.layers import Layer, Shape, input_shapes, same_padding
+from hvd_train.builders import Built, Layout, model_type_error
+from hvd_train.layers import Arrays, Layer, Shape, input_shapes, same_padding
+from hvd_train.recipe import Recipe
 
 # torch's name of a tensor -> the neutral name, by layer type.
 NEUTRAL_NAMES = {
@@ -86,6 +86,19 @@ def _module(layer: Layer, shape: Shape) -> nn.Module:
         case "relu":
             return nn.ReLU()
     raise ValueError(f"no torch module for {layer.type!r}")
+
+
+def seed(seed: int) -> None:
+    torch.manual_seed(seed)  # (keras.utils.set_random_seed would import TensorFlow too)
+
+
+def own_model(recipe: Recipe, framework: str) -> Built:
+    """The recipe's torch_model(), checked to be a torch module."""
+    assert recipe.torch_model is not None
+    model = recipe.torch_model()
+    if not isinstance(model, nn.Module):
+        raise model_type_error(recipe, "torch_model", "a torch.nn.Module", model)
+    return Built(model, Layout("torch"))
 
 
 def build_neutral(layers: tuple[Layer, ...], input_shape: Shape) -> Built:

@@ -20,9 +20,11 @@ from pathlib import Path
 
 from hvd_train.data.mnist import FILES, cache_dir, given_data_dir, verified_idx
 from hvd_train.errors import UsageError
+from hvd_train.frameworks import FRAMEWORKS
 from hvd_train.version import __version__
 
-PACKAGES = ("hvd_train", "horovod", "torch", "tensorflow", "tensorflow-cpu", "keras")
+FRAMEWORK_PACKAGES = tuple(p for framework in FRAMEWORKS.values() for p in framework.packages)
+PACKAGES = ("hvd_train", "horovod", *FRAMEWORK_PACKAGES, "keras")
 LOCAL_NAMES = {"localhost", "127.0.0.1", platform.node()}
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=no"]
 
@@ -53,8 +55,8 @@ def installed_versions() -> dict[str, str]:
 def version_checks(versions: dict[str, str]) -> list[Check]:
     python = f"Python {platform.python_version()} ({sys.executable})"
     checks = [Check("python", sys.version_info >= (3, 11), python, "use Python 3.11 or newer")]
-    for name, packages in (("torch", ("torch",)), ("tensorflow", ("tensorflow", "tensorflow-cpu"))):
-        found = [f"{p} {versions[p]}" for p in packages if p in versions]
+    for name, framework in FRAMEWORKS.items():
+        found = [f"{p} {versions[p]}" for p in framework.packages if p in versions]
         checks.append(
             Check(
                 name,

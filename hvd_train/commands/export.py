@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.adapters import EXPORT_FORMATS
 from hvd_train.commands.evaluate import read_checkpoint
 from hvd_train.data import load_data, take
 from hvd_train.errors import UsageError
+from hvd_train.frameworks import EXPORT_FORMATS
 from hvd_train.resume import saved_recipe
 from hvd_train.run import open_run, start
 

@@ -114,8 +114,8 @@ def _from_python(returned: Any, recipe: Recipe) -> Splits:
             raise UsageError(f"{recipe.source}: data() returned a dict of {names}; {RETURNS}")
         parts = dict(returned)
     elif isinstance(returned, tuple | list) and len(returned) in (2, 3):
-        names = SPLIT_NAMES if len(returned) == 3 else ("train", "test")
-        parts = dict(zip(names, returned, strict=True))
+        named = SPLIT_NAMES if len(returned) == 3 else ("train", "test")
+        parts = dict(zip(named, returned, strict=True))
     else:
         raise UsageError(f"{recipe.source}: data() returned {type(returned).__name__}; {RETURNS}")
     made = {name: _dataset(part, f"{recipe.source}: data()'s {name}", recipe.loss)

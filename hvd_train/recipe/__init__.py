@@ -11,7 +11,7 @@ import dataclasses
 from importlib import resources
 
 from hvd_train.layers import Layer
-from hvd_train.recipe.base import FRAMEWORKS, Recipe
+from hvd_train.recipe.base import Recipe
 from hvd_train.recipe.python import is_python_reference, load_python_recipe
 from hvd_train.recipe.settings import (
     Checkpoints,
@@ -38,7 +38,6 @@ def load_recipe(reference: str) -> Recipe:
 
 
 __all__ = [
-    "FRAMEWORKS",
     "Checkpoints",
     "Data",
     "Horovod",

@@ -17,6 +17,7 @@ from typing import Any
 
 from hvd_train.callbacks import Callback
 from hvd_train.errors import UsageError
+from hvd_train.frameworks import FRAMEWORKS, OWN_MODELS, framework_named
 from hvd_train.layers import Layer, checked_layers
 from hvd_train.recipe.settings import (
     KEY_SECTIONS,
@@ -32,8 +33,6 @@ from hvd_train.recipe.settings import (
     Settings,
 )
 from hvd_train.scoring import BUILT_IN, NAME, Metric, metric_name
-
-FRAMEWORKS = ("torch", "tensorflow")
 
 
 def checked_callbacks(callbacks: Any) -> tuple[Callback, ...]:
@@ -205,26 +204,31 @@ class Recipe:
 
     @property
     def frameworks(self) -> tuple[str, ...]:
-        """The frameworks this recipe's model can be built under."""
-        if self.layers or self.keras_model:
-            return FRAMEWORKS
-        return ("torch",)
+        """The frameworks this recipe's model can be built under: every one for the neutral
+        list, else those that train one of its own models."""
+        return tuple(name for name, framework in FRAMEWORKS.items()
+                     if self.layers or set(framework.models) & set(self.own_models))  # fmt: skip
+
+    @property
+    def own_models(self) -> tuple[str, ...]:
+        """The layouts of the recipe's own models ("torch", "keras"), of those it gives."""
+        return tuple(layout for layout, name in OWN_MODELS.items() if getattr(self, name))
 
     def layout(self, framework: str) -> str:
         """How checkpoints hold this model's weights under `framework`: "neutral" (moves
-        between frameworks), or the model's own: "torch" (state_dict) or "keras" (weights)."""
+        between frameworks), or that of the recipe's own model the framework takes first:
+        "torch" (state_dict) or "keras" (weights)."""
         if self.layers:
             return "neutral"
-        if self.torch_model is not None and (framework == "torch" or self.keras_model is None):
-            return "torch"
-        return "keras"
+        return next(m for m in FRAMEWORKS[framework].models if m in self.own_models)
 
     def check_framework(self, framework: str) -> None:
         if framework not in self.frameworks:
+            given = " and ".join(OWN_MODELS[m] for m in self.own_models)
+            wanted = " or ".join(OWN_MODELS[m] for m in framework_named(framework).models)
             raise UsageError(
-                f"recipe {self.name!r} supports {' and '.join(self.frameworks)} only (its model "
-                f"is a torch module); use --framework {self.frameworks[0]}, or give the recipe "
-                "a keras_model"
+                f"recipe {self.name!r} supports {' and '.join(self.frameworks)} only (it gives "
+                f"{given}); use --framework {self.frameworks[0]}, or give the recipe a {wanted}"
             )
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Recipe:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_train.adapters import use_framework
 from hvd_train.data import load_data, take
 from hvd_train.data.sharding import epoch_order, shard_steps
+from hvd_train.frameworks import use_framework
 from hvd_train.recipe import load_recipe
 from hvd_train.run import open_run, start
 
