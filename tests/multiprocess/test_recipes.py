@@ -75,7 +75,8 @@ def test_an_npz_recipe_trains_to_what_the_data_allows(framework, tmp_path):
 
 def test_the_example_list_covers_every_example():
     # The others each have a test of their own below.
-    own = {"regression.py", "tagging.py", "text_parquet.py", "resnet18_folder.py"}
+    own = {"regression.py", "tagging.py", "text_parquet.py", "resnet18_folder.py",
+           "ported_script.py"}  # fmt: skip
     covered = {p.values[0] for p in EXAMPLE_RUNS} | own
     assert covered == {p.name for p in EXAMPLES.glob("*.py")}
 
@@ -102,6 +103,30 @@ def test_every_example_reaches_98_percent_after_one_epoch(example, framework, ex
     print(f"{example} under {framework}: {summary}")
     assert summary["epochs"] == 1 and summary["world_size"] == 2
     assert summary["test_accuracy"] >= 0.98
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_ported_script_trains_with_its_own_optimizer_schedule_and_callback(
+    framework, mnist_dir, tmp_path
+):
+    # LAMB (torch's written in the recipe, Keras's own), one cycle, a validation split watched
+    # by early stopping and the best checkpoint, a callback: one epoch of the three.
+    output = tmp_path / "run"
+    result = horovodrun("-m", "hvd_train", "--recipe", str(EXAMPLES / "ported_script.py"),
+                        "--framework", framework, "--data-dir", str(mnist_dir),
+                        "--output-dir", str(output), "--epochs", "1")  # fmt: skip
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["test_accuracy"] >= 0.98 and summary["val_accuracy"] >= 0.98, summary
+    lines = [line.partition("<stdout>:")[2] for line in result.stdout.splitlines()]
+    logged = [line for line in lines if line.startswith("evaluation ")]
+    steps = [int(line.split(" at step ")[1].split(":")[0]) for line in logged]
+    assert steps == [200, 400, 422], logged  # 54,000 examples in 128 a step; val and test once
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["learning_rate"] for r in records if r["kind"] == "train"]
+    peak = 0.004 * 2  # the recipe's own rate, scaled with the world size
+    assert max(rates) == pytest.approx(peak, rel=0.02) and rates[-1] < peak / 10
+    assert len(list((output / "best").iterdir())) == 1
 
 
 @pytest.mark.slow
