@@ -48,6 +48,8 @@ class Loop(Protocol):
 
     def examples(self, position: Position) -> int: ...
 
+    def where(self) -> str: ...  # the position in a message: "at step 3 of epoch 2", ...
+
     def save_snapshot(self, position: Position) -> None: ...
 
     def commit(self, position: Position) -> None: ...
@@ -184,11 +186,8 @@ class ReplicaCheck(Observer):
         if differing:
             name, rank = differing[0]
             count = len({tensor for tensor, _ in differing})
-            where = self.loop.position
-            when = (f"after epoch {where.epoch}" if where.step == 0
-                    else f"at step {where.step} of epoch {where.epoch + 1}")  # fmt: skip
             raise ReplicasDiverged(
-                f"{when}, rank {rank} holds another {name} than rank 0 "
+                f"{self.loop.where()}, rank {rank} holds another {name} than rank 0 "
                 f"({count} of {len(names)} tensors differ): the replicas diverged, which is a "
                 "bug, and training stopped before saving this point; please report it with the "
                 "run's command"

@@ -187,12 +187,11 @@ class Trainer:
         """Stops every rank, at the same step, when the step's numbers are not finite or any
         rank asked to stop; the numbers are the same on every rank, so all decide alike.
         Whether a callback asked for the stop (training then ends as at its last step)."""
-        done = self.position
         if not (math.isfinite(result.loss) and math.isfinite(result.gradient_norm)):
             what = "loss" if not math.isfinite(result.loss) else "gradient norm"
             value = result.loss if what == "loss" else result.gradient_norm
             raise UsageError(
-                f"the {what} became {value} at step {done.step} of epoch {done.epoch + 1}, and "
+                f"the {what} became {value} {self.where()}, and "
                 "training stopped before saving anything after it; lower the learning rate "
                 "(--lr) or clip the gradients (--set optimizer.gradient_clip_norm=1.0), and "
                 "continue from the newest checkpoint with --resume",

@@ -183,7 +183,7 @@ def test_replicas_that_diverge_stop_the_job_naming_the_tensor(framework, tmp_pat
                       "--limit-steps", "20", "--checkpoint-every", "10", "--output-dir", str(run),
                       code=1)  # fmt: skip
     assert re.search(
-        r"hvd-train: error: after epoch 1, rank 1 holds another weight\.\S+ than rank 0 "
+        r"hvd-train: error: at the end of epoch 1, rank 1 holds another weight\.\S+ than rank 0 "
         r"\(\d+ of \d+ tensors differ\): the replicas diverged, which is a bug",
         line,
     ), line
