@@ -10,10 +10,10 @@ import numpy as np
 from hvd_train.adapters import Adapter
 from hvd_train.data import ArrayDataset, Dataset, batch_size, take
 from hvd_train.data.sharding import eval_indices
-from hvd_train.data.transforms import Transformed
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
 from hvd_train.scoring import CLASS_METRICS, Metric
+from hvd_train.transforms import Transformed
 
 EVAL_BATCH_SIZE = 1000
 

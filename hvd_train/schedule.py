@@ -24,11 +24,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hvd_train.errors import UsageError
-from hvd_train.recipe.settings import Schedule
 from hvd_train.rules import Rule
+
+if TYPE_CHECKING:
+    from hvd_train.recipe.settings import Schedule  # which imports parse_decay from here
 
 EPOCHS = Rule(float, positive=True)
 FACTOR = Rule(float, positive=True)

@@ -82,6 +82,8 @@ def test_each_entry_names_its_adapter_and_builder(framework):
         f"adapter = create_adapter({framework!r})\n"
         f"assert type(adapter).__module__ == {module!r} and type(adapter).__name__ == {name!r}\n"
         f"assert adapter.name == {framework!r} and adapter.hvd.__name__ == {entry.binding!r}\n"
+        "from hvd_train.recipe.settings import LOSSES\n"
+        "assert set(adapter.losses) == set(LOSSES)  # every loss a recipe may name\n"
         f"builder = importlib.import_module({entry.builder!r})\n"
         "assert all(callable(getattr(builder, f))\n"
         "           for f in ('build_neutral', 'seed', 'own_model'))\n"

@@ -13,7 +13,7 @@ import math
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -185,6 +185,20 @@ class Adapter(ABC):
     def sync_buffers(self) -> None:
         """Gives every rank rank 0's non-trained state (batchnorm's running statistics), as
         torch's DDP does before each forward pass; called before evaluating."""
+
+    # The framework's implementation of each loss the recipe may name (`LOSSES`).
+    losses: ClassVar[Mapping[str, Callable[[Any, Any], Any]]]
+
+    def resolved_loss(self, loss: Loss) -> Callable[[Any, Any], Any]:
+        """The recipe's loss as a function of the framework's tensors: its own function, or
+        this framework's implementation of the loss it names."""
+        return self.losses[loss] if isinstance(loss, str) else loss
+
+    @staticmethod
+    def decayed(optimizer: Optimizer, names: list[str], layer_types: list[str]) -> list[bool]:
+        """Whether weight decay applies to each trainable parameter, by its name and its
+        layer's type (`weight_decay_exclude`)."""
+        return [optimizer.decays(n, t) for n, t in zip(names, layer_types, strict=True)]
 
     overlap_choice: OverlapChoice  # made by setup, which knows the gradients' buckets
     # Set by setup: the one-process learning rate the schedule scales and warms up (the

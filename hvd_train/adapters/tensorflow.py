@@ -13,6 +13,7 @@ import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -34,7 +35,14 @@ from hvd_train.adapters.base import (
 from hvd_train.builders import keras_models
 from hvd_train.data.base import MASK, batch_size
 from hvd_train.errors import UsageError
-from hvd_train.recipe.settings import Horovod, Optimizer, function_name
+from hvd_train.recipe.settings import (
+    EPSILON,
+    LOSS_SCALED,
+    RMSPROP_DECAY,
+    Horovod,
+    Optimizer,
+    function_name,
+)
 
 
 def cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -85,17 +93,19 @@ def _open_batch(array: np.ndarray) -> tf.TensorSpec:
 
 
 def _optimizer(config: Optimizer) -> keras.optimizers.Optimizer:
-    """The recipe's optimizer with torch's meaning of its settings, where Keras differs."""
+    """The recipe's optimizer with torch's meaning of its settings, where Keras differs (the L2
+    term of `coupled_weight_decay` is added to the gradients by the step)."""
     lr = config.learning_rate
     if config.name == "sgd":
         return keras.optimizers.SGD(lr, momentum=config.momentum, nesterov=config.nesterov)
     if config.name == "rmsprop":
-        # torch divides by sqrt(v) + 1e-8, Keras by sqrt(v + epsilon): alike at v = 0, and
-        # within 1e-8 of each other beyond. torch's alpha is Keras's rho.
-        return keras.optimizers.RMSprop(lr, rho=0.99, momentum=config.momentum, epsilon=1e-16)
+        # torch divides by sqrt(v) + EPSILON, Keras by sqrt(v + epsilon): alike at v = 0, and
+        # within EPSILON of each other beyond.
+        return keras.optimizers.RMSprop(lr, rho=RMSPROP_DECAY, momentum=config.momentum,
+                                        epsilon=EPSILON**2)  # fmt: skip
     if config.name == "adam":
-        return keras.optimizers.Adam(lr, epsilon=1e-8)  # torch's epsilon, for parity
-    return keras.optimizers.AdamW(lr, weight_decay=config.weight_decay, epsilon=1e-8)
+        return keras.optimizers.Adam(lr, epsilon=EPSILON)
+    return keras.optimizers.AdamW(lr, weight_decay=config.weight_decay, epsilon=EPSILON)
 
 
 def _own_optimizer(function: Callable[..., Any]) -> keras.optimizers.Optimizer:
@@ -126,6 +136,7 @@ class TensorFlowAdapter(Adapter):
         "--elastic and rely on --resume"
     )
     hvd = hvd
+    losses = MappingProxyType({"cross_entropy": cross_entropy})
 
     def init(self, may_overlap: bool = True) -> None:
         self.apply_horovod_defaults()
@@ -153,9 +164,7 @@ class TensorFlowAdapter(Adapter):
     ) -> None:
         # Mixed precision is the model's own Keras dtype policy, set as it was built.
         self.model = model
-        self.loss: Callable[[Any, Any], tf.Tensor] = (
-            cross_entropy if loss == "cross_entropy" else loss  # type: ignore[assignment]
-        )
+        self.loss = self.resolved_loss(loss)
         variables = self.model.trainable_variables
         decays = [True] * len(variables)
         if optimizer.function is not None:
@@ -164,19 +173,19 @@ class TensorFlowAdapter(Adapter):
         else:
             self.optimizer = _optimizer(optimizer)
             self.learning_rate = optimizer.learning_rate
-            types = keras_models.layer_types(model)
-            decays = [optimizer.decays(v.path, t) for v, t in zip(variables, types, strict=True)]
+            names = [v.path for v in variables]
+            decays = self.decayed(optimizer, names, keras_models.layer_types(model))
         if optimizer.name == "adamw":  # before the build, as Keras asks
             kept = [v for v, d in zip(variables, decays, strict=True) if not d]
             self.optimizer.exclude_from_weight_decay(var_list=kept)
-        self.scaled = precision == "fp16-mixed"
-        if self.scaled:  # the loss scaled up, the gradients down (an overflow: a step skipped)
+        self.scaled = precision == LOSS_SCALED
+        if self.scaled:
             self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
         # Slots exist from the start, so the first broadcast covers them too.
         self.optimizer.build(variables)
         # sgd, adam and rmsprop take weight decay as an L2 term in the gradient, as torch does:
         # each variable's factor (0 where weight_decay_exclude keeps it out).
-        coupled = optimizer.weight_decay if optimizer.name != "adamw" else 0.0
+        coupled = optimizer.coupled_weight_decay
         self.l2 = [coupled * d for d in decays] if coupled else []
         self.clip_norm = optimizer.gradient_clip_norm
         fp16 = horovod.fp16_compression

@@ -20,6 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import horovod.torch as hvd
@@ -44,7 +45,14 @@ from hvd_train.adapters.base import (
 )
 from hvd_train.data.base import batch_size
 from hvd_train.errors import UsageError
-from hvd_train.recipe.settings import Horovod, Optimizer, function_name
+from hvd_train.recipe.settings import (
+    EPSILON,
+    LOSS_SCALED,
+    RMSPROP_DECAY,
+    Horovod,
+    Optimizer,
+    function_name,
+)
 
 Inputs = torch.Tensor | dict[str, torch.Tensor]  # named inputs: a dict
 
@@ -292,6 +300,7 @@ class Exchange:
 class TorchAdapter(Adapter):
     name = "torch"
     hvd = hvd
+    losses = MappingProxyType({"cross_entropy": cross_entropy})
 
     def init(self, may_overlap: bool = True) -> None:
         self.apply_horovod_defaults()
@@ -321,12 +330,9 @@ class TorchAdapter(Adapter):
             self.net = KerasOnTorch(model)
         else:
             self.net = TorchModule(model.to(self.device), AUTOCAST[precision])
-        # fp16's narrow range: the loss scaled up before the backward pass, the gradients
-        # down before the update, which is skipped (and the scale lowered) where they overflow.
-        self.scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16-mixed" else None
-        self.loss: Callable[[Any, Any], torch.Tensor] = (
-            cross_entropy if loss == "cross_entropy" else loss  # type: ignore[assignment]
-        )
+        scaled = precision == LOSS_SCALED
+        self.scaler = torch.amp.GradScaler(self.device.type) if scaled else None
+        self.loss = self.resolved_loss(loss)
         self.clip_norm = optimizer.gradient_clip_norm
         fp16 = horovod.fp16_compression
         compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
@@ -335,8 +341,8 @@ class TorchAdapter(Adapter):
         self.exchange = Exchange(parameters, compression)
         self.overlap_choice = OverlapChoice(horovod.overlap, len(self.exchange.buckets))
         if optimizer.function is None:
-            named = zip(trainable, self.net.layer_types(), strict=True)
-            decays = [optimizer.decays(name, layer) for (name, _), layer in named]
+            names = [name for name, _ in trainable]
+            decays = self.decayed(optimizer, names, self.net.layer_types())
             self.optimizer = _optimizer(optimizer, parameters, decays)
         else:
             self.optimizer = _own_optimizer(optimizer.function, self.net, parameters)
@@ -657,8 +663,9 @@ def _optimizer(
     if config.name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=config.momentum, nesterov=config.nesterov,
                                weight_decay=decay, fused=True)  # fmt: skip
-    if config.name == "rmsprop":  # torch's defaults: alpha 0.99, eps 1e-8 (no fused form)
-        return torch.optim.RMSprop(groups, lr=lr, momentum=config.momentum, weight_decay=decay,
+    if config.name == "rmsprop":  # (no fused form)
+        return torch.optim.RMSprop(groups, lr=lr, alpha=RMSPROP_DECAY, eps=EPSILON,
+                                   momentum=config.momentum, weight_decay=decay,
                                    foreach=True)  # fmt: skip
     kind = torch.optim.Adam if config.name == "adam" else torch.optim.AdamW
-    return kind(groups, lr=lr, weight_decay=decay, fused=True)
+    return kind(groups, lr=lr, eps=EPSILON, weight_decay=decay, fused=True)

@@ -25,10 +25,10 @@ from hvd_train.data.mnist import load_mnist
 from hvd_train.data.npz import load_npz
 from hvd_train.data.records import load_records
 from hvd_train.data.synthetic import load_synthetic
-from hvd_train.data.transforms import Transformed
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.settings import Data
+from hvd_train.transforms import Transformed
 
 VALIDATION_STREAM = 7  # the seed's stream for the validation split, apart from the others
 

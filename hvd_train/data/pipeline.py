@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from hvd_train.data.base import ArrayDataset, Dataset, on_disk, take
-from hvd_train.data.transforms import Transforms, apply
 from hvd_train.errors import DataStalled
 from hvd_train.recipe.settings import Loading
+from hvd_train.transforms import Transforms, apply
 
 SWITCH_INTERVAL_S = 0.0005
 Step = list[np.ndarray]  # a step's batches of indices, one per backward pass

@@ -33,6 +33,7 @@ from hvd_train.recipe.settings import (
     Settings,
 )
 from hvd_train.scoring import BUILT_IN, NAME, Metric, metric_name
+from hvd_train.transforms import Transforms, parse_transforms
 
 
 def checked_callbacks(callbacks: Any) -> tuple[Callback, ...]:
@@ -144,10 +145,8 @@ class Recipe:
             layers = checked_layers(self.layers, self.data.input_shape, self.data.num_classes)
             object.__setattr__(self, "layers", layers)
 
-    def transforms(self) -> Any:
-        """The training transforms and evaluation's (hvd_train.data.transforms.Transforms)."""
-        from hvd_train.data.transforms import Transforms, parse_transforms
-
+    def transforms(self) -> Transforms:
+        """The training transforms and evaluation's."""
         if self.transform is not None:
             return Transforms((self.transform,), ())
         entries = self.data.transforms if isinstance(self.data, Data) else None

@@ -14,12 +14,21 @@ from typing import Any, ClassVar
 
 from hvd_train.errors import UsageError
 from hvd_train.rules import Rule
+from hvd_train.schedule import parse_decay
+from hvd_train.transforms import parse_transforms
 
 DATASETS = ("mnist", "npz", "folder", "parquet", "records", "synthetic")
 LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 LR_SCALING = ("linear", "sqrt", "none")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+# fp16's narrow range: its loss is scaled up before the backward pass and the gradients down
+# before the update, which is skipped (and the scale lowered) where they overflow.
+LOSS_SCALED = "fp16-mixed"
+# The optimizers' constants, the same under every framework (torch's defaults): Adam's and
+# RMSprop's epsilon (added to the root of the squared-gradient average), and RMSprop's decay of
+# that average (torch's alpha, Keras's rho).
+EPSILON, RMSPROP_DECAY = 1e-8, 0.99
 MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10
 # Early stopping's keys and defaults: stop when `monitor` has not improved by more than
 # `min_delta` (down with mode "min", up with "max") over `patience` evaluations.
@@ -80,13 +89,11 @@ class Data(Settings):
     resize: bool | None = setting(None, kind=bool)
     input: str | None = setting(None, kind=str)  # parquet: the column of images
     label: str | None = setting(None, kind=str)  # parquet: the column of class labels
-    transforms: tuple[Any, ...] | None = None  # tables: hvd_train/data/transforms.py
+    transforms: tuple[Any, ...] | None = None  # tables: hvd_train/transforms.py
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.transforms is not None:
-            from hvd_train.data.transforms import parse_transforms
-
             if not isinstance(self.transforms, list | tuple):
                 raise self.fail("transforms", "expected a list of tables, like [{ type = ... }]")
             object.__setattr__(self, "transforms", tuple(self.transforms))
@@ -236,6 +243,12 @@ class Optimizer(Settings):
         return {"function": f"{PYTHON_FUNCTION}{function_name(self.function)}",
                 "gradient_clip_norm": self.gradient_clip_norm}  # fmt: skip
 
+    @property
+    def coupled_weight_decay(self) -> float:
+        """The weight decay added to the gradient as an L2 term: sgd's, adam's and rmsprop's
+        (torch's meaning); none for adamw, which decays the weights decoupled."""
+        return 0.0 if self.name == "adamw" else self.weight_decay
+
     def decays(self, name: str, layer_type: str) -> bool:
         """Whether weight decay applies to the parameter `name` of a layer of `layer_type`."""
         text = f"{name} {layer_type}".lower()
@@ -260,8 +273,6 @@ class Schedule(Settings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        from hvd_train.schedule import parse_decay
-
         parse_decay(self.decay)
         if self.early_stopping is not None:
             object.__setattr__(self, "early_stopping", self._checked_early_stopping())
