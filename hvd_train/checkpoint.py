@@ -148,6 +148,16 @@ def best_checkpoints(folder: Path) -> list[tuple[Path, float]]:
     return found
 
 
+def best_checkpoint(folder: Path) -> Path | None:
+    """The best of a run's `best/` folder, by the figure each was kept for; None if empty."""
+    best = best_checkpoints(folder)
+    if not best:
+        return None
+    mode = json.loads((best[0][0] / STATE_FILE).read_text())["monitored"]["mode"]
+    sign = 1.0 if mode == "min" else -1.0
+    return min(best, key=lambda entry: sign * entry[1])[0]
+
+
 def load_checkpoint(path: Path) -> Checkpoint:
     """Reads and verifies a checkpoint; a missing, damaged or unreadable part is a UsageError."""
     remedy = "use an earlier checkpoint or start anew"
@@ -220,10 +230,8 @@ def resolve_checkpoint(path: Path) -> Path:
     each was kept for); else the newest checkpoint of the run it names."""
     if (path / STATE_FILE).is_file():
         return path
-    if path.name == BEST and (best := best_checkpoints(path)):
-        mode = json.loads((best[0][0] / STATE_FILE).read_text())["monitored"]["mode"]
-        sign = 1.0 if mode == "min" else -1.0
-        return min(best, key=lambda entry: sign * entry[1])[0]
+    if path.name == BEST and (best := best_checkpoint(path)):
+        return best
     found = checkpoints(path / "checkpoints")
     if not found:
         raise UsageError(

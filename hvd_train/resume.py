@@ -16,11 +16,10 @@ from hvd_train.adapters import Adapter
 from hvd_train.checkpoint import (
     BEST,
     Checkpoint,
-    best_checkpoints,
+    best_checkpoint,
     checkpoints,
     load_checkpoint,
     load_newest_valid,
-    resolve_checkpoint,
 )
 from hvd_train.errors import UsageError
 from hvd_train.frameworks import FRAMEWORKS
@@ -57,12 +56,13 @@ def resume_point(output_dir: Path, start: str) -> Checkpoint | None:
     one it kept ("best")."""
     if start == "latest":
         return load_newest_valid(output_dir / "checkpoints")
-    if not best_checkpoints(output_dir / BEST):
+    best = best_checkpoint(output_dir / BEST)
+    if best is None:
         raise UsageError(
             f"nothing to resume from: {output_dir / BEST} holds no checkpoint (the recipe keeps "
             "the best with [checkpoints] keep_best); use --resume latest"
         )
-    return load_checkpoint(resolve_checkpoint(output_dir / BEST))
+    return load_checkpoint(best)
 
 
 def read_resume_point(

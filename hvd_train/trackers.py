@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hvd_train.checkpoint import BEST, best_checkpoints, checkpoints, resolve_checkpoint
+from hvd_train.checkpoint import BEST, best_checkpoint, checkpoints
 from hvd_train.errors import UsageError
 
 TRACKERS = ("mlflow", "csv")
@@ -105,8 +105,7 @@ class MlflowTracker(Tracker):
         for name in ("summary.json", "curves.png"):
             if (folder / name).exists():
                 self.mlflow.log_artifact(str(folder / name))
-        if best_checkpoints(folder / BEST):
-            best = resolve_checkpoint(folder / BEST)
+        if best := best_checkpoint(folder / BEST):
             self.mlflow.log_artifacts(str(best), artifact_path=f"best/{best.name}")
         elif saved := checkpoints(folder / "checkpoints"):
             self.mlflow.log_artifacts(str(saved[-1]), artifact_path=f"checkpoint/{saved[-1].name}")
