@@ -57,8 +57,8 @@ class Run:
         what the message of a checkpoint of another model tells the user to do."""
         check_layout(checkpoint, self.adapter.name, self.layout.name)
         check_weights_fit(checkpoint, self.weights(), remedy)
-        self.adapter.load_weights(
-            self.layout.from_saved(checkpoint.weights, self.adapter.weights())
+        self.adapter.load_state(
+            weights=self.layout.from_saved(checkpoint.weights, self.adapter.weights())
         )
 
 

@@ -67,9 +67,11 @@ class Snapshots:
 
     def write(self, folder: Path, position: Position, plan: EpochPlan, state: dict[str, Any],
               keep: int) -> Path:  # fmt: skip
+        held = self.run.adapter.state()
         return save_checkpoint(
-            folder, checkpoint_name(position.epoch, plan.samples(position)), self.run.weights(),
-            self.run.adapter.optimizer_state(), state, recipe_toml(self.run.recipe), keep,
+            folder, checkpoint_name(position.epoch, plan.samples(position)),
+            self.run.layout.to_saved(held.weights), held.optimizer, state,
+            recipe_toml(self.run.recipe), keep,
         )  # fmt: skip
 
     def state(
@@ -109,7 +111,7 @@ class Snapshots:
         check_continues(checkpoint, adapter.name, position, self.run.recipe.schedule.epochs,
                         self.directory.parent)  # fmt: skip
         try:
-            adapter.load_optimizer_state(checkpoint.optimizer)
+            adapter.load_state(optimizer=checkpoint.optimizer)
         except (ValueError, KeyError, RuntimeError) as error:
             raise optimizer_misfit(checkpoint, error) from None
         print(f"hvd-train: resuming from {checkpoint.path}", flush=True)

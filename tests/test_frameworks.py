@@ -91,3 +91,15 @@ def test_each_entry_names_its_adapter_and_builder(framework):
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                             timeout=300, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
+
+
+def test_the_adapter_surface_is_the_documented_one() -> None:
+    """What a new framework must write is `Adapter`'s abstract methods, each named on the
+    "Adding a framework" page; a method added to them is added there too."""
+    from hvd_train.adapters.base import Adapter
+
+    page = (REPO / "docs" / "adding-a-framework.md").read_text()
+    abstract = sorted(Adapter.__abstractmethods__)
+    assert abstract == sorted(["init", "setup", "step", "eval_batch", "broadcast_state",
+                               "sync_buffers", "state", "load_state"])  # fmt: skip
+    assert [name for name in abstract if f"`{name}`" not in page] == []

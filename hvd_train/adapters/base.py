@@ -150,8 +150,23 @@ class Elastic(Protocol):
         restored to its last commit, Horovod re-initialises, and `loop` is called again."""
 
 
+@dataclass(frozen=True)
+class ModelState:
+    """A rank's model and optimizer, as the framework names and shapes them (a model's `Layout`
+    converts the weights for checkpoints)."""
+
+    weights: Arrays  # every weight and running statistic (batchnorm's)
+    trained: tuple[str, ...]  # the names among `weights` that the optimizer trains
+    optimizer: Arrays  # the optimizer's state, in the framework's own layout
+
+
 class Adapter(ABC):
-    """One framework under Horovod: device, wrapped optimizer, collectives, weights."""
+    """One framework under Horovod: device, wrapped optimizer, collectives, weights.
+
+    What a framework must write is the abstract methods: `init`, `setup`, `step`,
+    `broadcast_state`, `sync_buffers`, `eval_batch`, `state` and `load_state`. `export` and
+    bench's `local_step` and `gradient_allreduce` are optional; the rest is written here once.
+    """
 
     name: ClassVar[str]
     hvd: ModuleType  # the binding: horovod.torch or horovod.tensorflow
@@ -224,15 +239,18 @@ class Adapter(ABC):
         """`train_step` in this framework: with `overlap`, the gradients travel in buckets
         while the last backward pass goes on, else in one group after it."""
 
-    @abstractmethod
+    # Optional: what `hvd-train bench` times (a framework without them trains, but cannot be
+    # benched).
     def local_step(self, batches: list[Batch], seed: int) -> None:
         """The step without the exchange, on this rank alone, for `hvd-train bench`: the
         passes, then the update with this rank's own gradients, which never reach Horovod."""
+        raise UsageError(f"hvd-train bench cannot time {self.name}: its adapter has no local step")
 
-    @abstractmethod
     def gradient_allreduce(self) -> Callable[[], Any]:
         """A plain allreduce of tensors shaped like the gradients (as they travel: fp16 under
         compression), ready to run again and again."""
+        raise UsageError(f"hvd-train bench cannot time {self.name}: its adapter has no exchange "
+                         "to time alone")  # fmt: skip
 
     def time_gradient_allreduce(self, repeats: int) -> float:
         """Seconds per `gradient_allreduce`, with no training around it."""
@@ -244,24 +262,28 @@ class Adapter(ABC):
         return (time.perf_counter() - started) / repeats
 
     @abstractmethod
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        """The model's outputs (before any softmax), in inference mode."""
-
-    @abstractmethod
-    def eval_batch(self, x: np.ndarray, y: Any) -> tuple[float, np.ndarray]:
+    def eval_batch(self, x: np.ndarray, y: Any = None) -> tuple[float, np.ndarray]:
         """One local batch in inference mode: the recipe's loss summed over its examples (the
-        batch's mean loss times its size), and the model's outputs, as fp32."""
+        batch's mean loss times its size; NaN without labels `y`), and the model's outputs
+        (before any softmax), as fp32."""
 
-    @abstractmethod
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """The model's outputs on `x` (before any softmax), in inference mode."""
+        return self.eval_batch(x)[1]
+
+    # Optional: a framework whose registry entry lists export formats writes them here.
     def export(self, path: Path, format: str, example: np.ndarray) -> Exported:
         """Writes the model for serving, in `format` (one of this framework's in
         `EXPORT_FORMATS`), at `path`; it takes inputs as the data gives them. Returns where
         it went (another suffix where a fallback wrote it), and the model's outputs on `example`
         as exported and as loaded back from the file."""
+        raise UsageError(f"{self.name} exports to no format")
 
-    @abstractmethod
     def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
-        """Element-wise sum of `values` over all ranks."""
+        """Element-wise sum of `values` over all ranks, in float64 and in rank order, so that
+        every rank gets the same figures bit for bit."""
+        gathered = self.allgather_object(np.asarray(values, dtype=np.float64))
+        return np.sum(gathered, axis=0)
 
     def broadcast_object(self, value: Any) -> Any:
         """Rank 0's `value`, on every rank."""
@@ -272,26 +294,24 @@ class Adapter(ABC):
         return list(self.hvd.allgather_object(value, name=OBJECT_COLLECTIVE))
 
     @abstractmethod
+    def state(self) -> ModelState:
+        """What this rank holds, as NumPy arrays (copies) in the framework's own layout."""
+
+    @abstractmethod
+    def load_state(self, weights: Arrays | None = None, optimizer: Arrays | None = None) -> None:
+        """Loads what `state` returned: all the weights, the optimizer's state, or both; every
+        tensor of what is given must be there. A `ValueError` names what does not fit."""
+
     def weights(self) -> Arrays:
-        """The model's weights (and running statistics), as the framework names and shapes
-        them; a model's `Layout` converts them for checkpoints."""
+        """The model's weights and running statistics, as the framework names them."""
+        return self.state().weights
 
-    @abstractmethod
-    def load_weights(self, weights: Arrays) -> None:
-        """Loads what `weights` returned; every tensor must be there."""
-
-    @abstractmethod
     def trained_state(self) -> Arrays:
         """What every replica must hold identically: the trained weights and the optimizer's
         state (not batchnorm's statistics, which follow each rank's own batches)."""
-
-    @abstractmethod
-    def optimizer_state(self) -> Arrays:
-        """The optimizer's state, in this framework's own layout."""
-
-    @abstractmethod
-    def load_optimizer_state(self, state: Arrays) -> None:
-        """Restores what `optimizer_state` returned."""
+        state = self.state()
+        trained = {f"weight.{name}": state.weights[name] for name in state.trained}
+        return trained | {f"optimizer.{name}": array for name, array in state.optimizer.items()}
 
     @property
     def is_rank_zero(self) -> bool:

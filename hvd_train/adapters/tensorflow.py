@@ -10,6 +10,7 @@ broadcasts act on the `tf.Variable`s under the Keras variables.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ from hvd_train.adapters.base import (
     Batch,
     Exported,
     Loss,
+    ModelState,
     OverlapChoice,
     StepResult,
     buckets,
@@ -352,16 +354,15 @@ class TensorFlowAdapter(Adapter):
                              autograph=False)  # fmt: skip
         return lambda: reduce(tensors)
 
-    def logits(self, x: Any) -> np.ndarray:
-        return tf.cast(self._compiled_logits(x), tf.float32).numpy()
-
-    def eval_batch(self, x: Any, y: Any) -> tuple[float, np.ndarray]:
+    def eval_batch(self, x: Any, y: Any = None) -> tuple[float, np.ndarray]:
         outputs = tf.cast(self._compiled_logits(x), tf.float32)
+        if y is None:
+            return math.nan, outputs.numpy()
         labels = tf.nest.map_structure(tf.constant, y)
         return float(self.loss(outputs, labels)) * batch_size(x), outputs.numpy()
 
     def export(self, path: Path, format: str, example: np.ndarray) -> Exported:
-        expected = self.logits(example)
+        expected = self.eval_batch(example)[1]
         if format == "keras":
             self.model.save(path)
             loaded = keras.saving.load_model(path)
@@ -370,30 +371,24 @@ class TensorFlowAdapter(Adapter):
         saved = tf.saved_model.load(str(path))  # held: its functions need its variables
         return path, expected, tf.cast(saved.serve(tf.constant(example)), tf.float32).numpy()
 
-    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
-        tensor = tf.constant(np.asarray(values, dtype=np.float64))
-        return hvd.allreduce(tensor, op=hvd.Sum, name="hvd_train.metrics").numpy()
-
-    def weights(self) -> Arrays:
-        return keras_models.weights(self.model)
-
-    def load_weights(self, weights: Arrays) -> None:
-        keras_models.load_weights(self.model, weights)
-
-    def trained_state(self) -> Arrays:
-        weights = {
-            f"weight.{i}": np.asarray(v.numpy()) for i, v in enumerate(self.model.trainable_weights)
+    def state(self) -> ModelState:
+        """The optimizer's state is every optimizer variable (iteration count, learning rate,
+        slots), keyed by its index in the optimizer's list: Keras's own names hold per-process
+        unique layer names."""
+        optimizer = {
+            f"{i:04d}": np.asarray(v.numpy()) for i, v in enumerate(self.optimizer.variables)
         }
-        return weights | {f"optimizer.{n}": a for n, a in self.optimizer_state().items()}
+        model = self.model
+        return ModelState(keras_models.weights(model), keras_models.trained_names(model), optimizer)
 
-    def optimizer_state(self) -> Arrays:
-        """Every optimizer variable (iteration count, learning rate, slots), keyed by its index
-        in the optimizer's list: Keras's own names hold per-process unique layer names."""
-        return {f"{i:04d}": np.asarray(v.numpy()) for i, v in enumerate(self.optimizer.variables)}
-
-    def load_optimizer_state(self, state: Arrays) -> None:
-        variables = self.optimizer.variables
-        if sorted(state) != [f"{i:04d}" for i in range(len(variables))]:
-            raise ValueError(f"{len(state)} optimizer tensors for {len(variables)} variables")
-        for index, variable in enumerate(variables):
-            variable.assign(state[f"{index:04d}"])
+    def load_state(self, weights: Arrays | None = None, optimizer: Arrays | None = None) -> None:
+        if weights is not None:
+            keras_models.load_weights(self.model, weights)
+        if optimizer is not None:
+            variables = self.optimizer.variables
+            if sorted(optimizer) != [f"{i:04d}" for i in range(len(variables))]:
+                raise ValueError(
+                    f"{len(optimizer)} optimizer tensors for {len(variables)} variables"
+                )
+            for index, variable in enumerate(variables):
+                variable.assign(optimizer[f"{index:04d}"])

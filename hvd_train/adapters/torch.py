@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import io
 import logging
+import math
 import os
 import sys
 import time
@@ -37,6 +38,7 @@ from hvd_train.adapters.base import (
     ElasticState,
     Exported,
     Loss,
+    ModelState,
     OverlapChoice,
     StepResult,
     T,
@@ -115,6 +117,9 @@ class TorchModule:
     def state(self) -> dict[str, torch.Tensor]:
         return self.module.state_dict()
 
+    def trained_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.trainable())
+
     def weights(self) -> Arrays:
         state = self.module.state_dict()
         return {name: tensor.detach().cpu().numpy().copy() for name, tensor in state.items()}
@@ -188,6 +193,9 @@ class KerasOnTorch:
     def state(self) -> dict[str, torch.Tensor]:
         return {v.path: v.value for v in self.module.weights}
 
+    def trained_names(self) -> tuple[str, ...]:
+        return self.keras_models.trained_names(self.module)
+
     def weights(self) -> Arrays:
         return self.keras_models.weights(self.module)
 
@@ -213,14 +221,14 @@ class ElasticTorchState(ObjectState):
 
     def save(self) -> None:
         self.model = {name: t.detach().clone() for name, t in self.adapter.net.state().items()}
-        self.optimizer = self.adapter.optimizer_state()
+        self.optimizer = self.adapter._optimizer_state()
         super().save()
 
     def restore(self) -> None:
         with torch.no_grad():
             for name, tensor in self.adapter.net.state().items():
                 tensor.copy_(self.model[name])
-        self.adapter.load_optimizer_state(self.optimizer)
+        self.adapter._load_optimizer_state(self.optimizer)
         super().restore()
 
     def sync(self) -> None:
@@ -365,10 +373,10 @@ class TorchAdapter(Adapter):
         its tensors in place. Horovod's broadcast_optimizer_state instead makes state on ranks
         that have none by taking a step with zero gradients, which moves weights under weight
         decay (see ElasticTorchState)."""
-        state = self.optimizer_state()
+        state = self._optimizer_state()
         layout = self.broadcast_object({n: (a.shape, a.dtype.str) for n, a in state.items()})
         if not self.is_rank_zero:
-            self.load_optimizer_state({n: np.zeros(s, d) for n, (s, d) in layout.items()})
+            self._load_optimizer_state({n: np.zeros(s, d) for n, (s, d) in layout.items()})
         parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
         tensors = {
             f"{index}.{key}": value
@@ -462,14 +470,12 @@ class TorchAdapter(Adapter):
         return lambda: hvd.grouped_allreduce(tensors, op=hvd.Average, name="hvd_train.bench")
 
     @torch.no_grad()
-    def logits(self, x: Any) -> np.ndarray:
-        return self.net.forward(self._inputs(x), training=False).cpu().numpy()
-
-    @torch.no_grad()
-    def eval_batch(self, x: Any, y: Any) -> tuple[float, np.ndarray]:
-        inputs, labels = self._tensors(x, y)
-        outputs = self.net.forward(inputs, training=False)
-        return float(self.loss(outputs, labels)) * batch_size(x), outputs.cpu().numpy()
+    def eval_batch(self, x: Any, y: Any = None) -> tuple[float, np.ndarray]:
+        outputs = self.net.forward(self._inputs(x), training=False)
+        if y is None:
+            return math.nan, outputs.cpu().numpy()
+        loss = self.loss(outputs, self._tensors(x, y)[1])
+        return float(loss) * batch_size(x), outputs.cpu().numpy()
 
     def export(self, path: Path, format: str, example: np.ndarray) -> Exported:
         inputs = (self._tensor(example),)
@@ -490,27 +496,22 @@ class TorchAdapter(Adapter):
         reloaded = torch.export.load(path).module()
         return path, _outputs(served, inputs), reloaded(*inputs).detach().cpu().numpy()
 
-    def allreduce_sum(self, values: np.ndarray) -> np.ndarray:
-        tensor = torch.from_numpy(np.asarray(values, dtype=np.float64))
-        return hvd.allreduce(tensor, op=hvd.Sum, name="hvd_train.metrics").numpy()
-
     def run_elastic(self, loop: Callable[[ElasticState], T]) -> T:
         state = ElasticTorchState(self)
         # The world changed: a new rank, a new share of the cores, and overlap decided anew.
         state.register_reset_callbacks([self._pin, self.overlap_choice.restart])
         return hvd.elastic.run(loop)(state)
 
-    def weights(self) -> Arrays:
-        return self.net.weights()
+    def state(self) -> ModelState:
+        return ModelState(self.net.weights(), self.net.trained_names(), self._optimizer_state())
 
-    def load_weights(self, weights: Arrays) -> None:
-        self.net.load_weights(weights)
+    def load_state(self, weights: Arrays | None = None, optimizer: Arrays | None = None) -> None:
+        if weights is not None:
+            self.net.load_weights(weights)
+        if optimizer is not None:
+            self._load_optimizer_state(optimizer)
 
-    def trained_state(self) -> Arrays:
-        weights = {f"weight.{n}": p.detach().cpu().numpy() for n, p in self.net.trainable()}
-        return weights | {f"optimizer.{n}": a for n, a in self.optimizer_state().items()}
-
-    def optimizer_state(self) -> Arrays:
+    def _optimizer_state(self) -> Arrays:
         """Each parameter's state tensors, keyed `<param index>.<name>` (`0.exp_avg`, ...),
         and under fp16-mixed the loss scale and its count of steps since it last changed."""
         state = self.optimizer.state_dict()["state"]
@@ -524,7 +525,7 @@ class TorchAdapter(Adapter):
             arrays |= {f"scaler.{key}": np.array(scaler[key]) for key in SCALER_STATE}
         return arrays
 
-    def load_optimizer_state(self, state: Arrays) -> None:
+    def _load_optimizer_state(self, state: Arrays) -> None:
         """Restores `state`, which must hold state for every parameter, shaped like it."""
         if self.scaler is not None and "scaler.scale" in state:
             scaler = {key: state[f"scaler.{key}"].item() for key in SCALER_STATE}

@@ -95,6 +95,13 @@ def weight_names(model: keras.Model) -> list[str]:
     return [f"{index:04d}.{v.name}" for index, v in enumerate(model.weights)]
 
 
+def trained_names(model: keras.Model) -> tuple[str, ...]:
+    """The names (`weight_names`) of the weights the optimizer trains."""
+    trained = {id(v) for v in model.trainable_weights}
+    return tuple(n for n, v in zip(weight_names(model), model.weights, strict=True)
+                 if id(v) in trained)  # fmt: skip
+
+
 def neutral_names(model: keras.Model) -> list[str]:
     """The neutral names of a neutral model's weights: `layer<i>.<name>`."""
     return [f"{v.path.split('/')[-2]}.{v.name}" for v in model.weights]

@@ -25,7 +25,7 @@ data = load_data(recipe, Path(data_dir))
 
 run = open_run(framework, recipe, seed=0)
 adapter = run.adapter
-adapter.load_weights(run.layout.from_saved(load_file(weights_path), adapter.weights()))
+adapter.load_state(weights=run.layout.from_saved(load_file(weights_path), adapter.weights()))
 saved = {f"weights.{name}": array for name, array in run.weights().items()}
 images, _ = take(data.test, np.arange(32))
 saved["logits"] = adapter.logits(images)
@@ -45,9 +45,9 @@ adapter = open_run(framework, grouped, seed=0).adapter
 for step in range(2):  # give the optimizer some state
     batch = take(data.train, np.arange(64 * step, 64 * (step + 1)))
     adapter.train_step([batch], 0.001, step, np.zeros(2))
-state = adapter.optimizer_state()
+state = adapter.state().optimizer
 fresh = open_run(framework, grouped, seed=1).adapter
-fresh.load_optimizer_state(state)
+fresh.load_state(optimizer=state)
 saved |= {f"optimizer.{name}": array for name, array in state.items()}
-saved |= {f"restored.{name}": array for name, array in fresh.optimizer_state().items()}
+saved |= {f"restored.{name}": array for name, array in fresh.state().optimizer.items()}
 np.savez(out, **saved)

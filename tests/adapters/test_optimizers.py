@@ -51,11 +51,10 @@ for name in ("sgd", "adamw"):
         open_run(adapter, recipe.with_overrides({
             "name": name, "weight_decay": decay, "weight_decay_exclude": ["BIAS", "norm"]}), 0)
         start_weights = start_weights or {k: v.copy() for k, v in adapter.weights().items()}
-        adapter.load_weights(start_weights)
-        state = adapter.trained_state  # torch's arrays are views of the parameters: copied
-        before = {k: v.copy() for k, v in state().items() if k.startswith("weight.")}
+        adapter.load_state(weights=start_weights)
+        before = {k: v for k, v in adapter.trained_state().items() if k.startswith("weight.")}
         adapter.train_step([batch], 0.1, 0, np.zeros(2))
-        weights.append((before, {k: v.copy() for k, v in state().items()}))
+        weights.append((before, adapter.trained_state()))
     (before, decayed), (_, plain) = weights
     kinds = []
     for key, start_value in before.items():
@@ -216,10 +215,10 @@ else:
     rates = [float(adapter.optimizer.learning_rate.numpy())]
     trained = adapter.model.get_weights()
 differences = [float(np.abs(a - b).max()) for a, b in zip(trained, expected, strict=True)]
-state = adapter.optimizer_state()  # its momentum, into a new run's optimizer and back
+state = adapter.state().optimizer  # its momentum, into a new run's optimizer and back
 open_run(adapter, recipe, 0)
-adapter.load_optimizer_state(state)
-restored = adapter.optimizer_state()
+adapter.load_state(optimizer=state)
+restored = adapter.state().optimizer
 same = sorted(restored) == sorted(state) and all(np.array_equal(state[k], restored[k])
                                                  for k in state)
 open_run(adapter, recipe.with_overrides({"precision": "fp16-mixed"}), 0)  # scaled, wrapped

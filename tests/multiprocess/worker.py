@@ -50,6 +50,6 @@ for step in range(int(steps)):
     adapter.train_step(taken, 0.01, step, np.zeros(2))
 np.savez(out / f"trained-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
 np.save(out / f"on-the-way-{adapter.world_size}-{adapter.rank}.npy", np.array(on_the_way))
-np.savez(out / f"optimizer-{adapter.world_size}-{adapter.rank}.npz", **adapter.optimizer_state())
+np.savez(out / f"optimizer-{adapter.world_size}-{adapter.rank}.npz", **adapter.state().optimizer)
 adapter.sync_buffers()
 np.savez(out / f"synced-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
