@@ -9,8 +9,10 @@ shape, one system after another:
 
   hvd_train               `hvd-train bench`, torch, overlap as the recipe says ("auto")
   hvd_train_no_overlap    the same with `overlap=false`: one group after the backward pass
+  hvd_train_bf16          the same with `compression=bf16`: gradients sent as bf16
   ddp                     torch's DistributedDataParallel (Gloo, default buckets), started by
                           torchrun on each host with c10d rendezvous over the same link
+  ddp_bf16                the same with torch's bf16_compress_hook
   tensorflow              `hvd-train bench --framework tensorflow`
   limit                   the same two ranks training with no exchange at all, at once (the
                           torch bench's second phase; `tensorflow_limit` likewise)
@@ -40,9 +42,9 @@ from hvd_train.frameworks import FRAMEWORKS
 
 TOLERANCE = 0.15  # how far a projection may be from the shaped runs' figure
 RDZV_PORT = 29511
-SYSTEMS = ("hvd_train", "hvd_train_no_overlap", "ddp", "tensorflow")
-LIMITS = {"hvd_train": "limit", "hvd_train_no_overlap": "limit", "ddp": "limit",
-          "tensorflow": "tensorflow_limit"}  # fmt: skip
+SYSTEMS = ("hvd_train", "hvd_train_no_overlap", "hvd_train_bf16", "ddp", "ddp_bf16",
+           "tensorflow")  # fmt: skip
+LIMITS = {name: "tensorflow_limit" if name == "tensorflow" else "limit" for name in SYSTEMS}
 # The two hosts share this machine's cores: one each, as the ranks of np=2 take them here.
 ONE_THREAD = {"HVD_TRAIN_THREADS": "1", "THREADS": "1"}
 
@@ -73,9 +75,9 @@ def bench(hosts: Hosts, recipe: str, steps: int, extra: list[str]) -> dict[str, 
     return figures
 
 
-def ddp(hosts: Hosts, recipe: str, steps: int) -> float:
+def ddp(hosts: Hosts, recipe: str, steps: int, mode: str = "ddp") -> float:
     """DDP's images/s: torchrun on each host (inside its namespace), c10d rendezvous at the
-    first host, Gloo over the hosts' link."""
+    first host, Gloo over the hosts' link; `mode` "ddp_bf16" sends bf16."""
     jobs, gloo = [], environment() | {"GLOO_SOCKET_IFNAME": "eth0"}
     for number, (namespace, address) in enumerate(
         zip(hosts.namespaces, HOSTS.values(), strict=True)
@@ -86,7 +88,7 @@ def ddp(hosts: Hosts, recipe: str, steps: int) -> float:
                    "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                    "--rdzv-endpoint", f"{HOSTS['hvd-host-a']}:{RDZV_PORT}", "--rdzv-id", "links",
                    "--rdzv-conf", f"is_host={str(number == 0).lower()}", "--local-addr", address,
-                   "-m", "benchmarks.torch_baselines", "ddp", recipe, str(steps)]  # fmt: skip
+                   "-m", "benchmarks.torch_baselines", mode, recipe, str(steps)]  # fmt: skip
         jobs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, cwd=ROOT, env=gloo))  # fmt: skip
     [figures] = results(checked(jobs))
@@ -97,11 +99,14 @@ def round_of(hosts: Hosts, recipe: str, steps: int) -> dict[str, float]:
     """One round of every system on the link as it is shaped now: images/s by name."""
     torch = bench(hosts, recipe, steps, [])
     no_overlap = bench(hosts, recipe, steps, ["--set", "overlap=false"])
+    bf16 = bench(hosts, recipe, steps, ["--set", "compression=bf16"])
     tensorflow = bench(hosts, recipe, steps, ["--framework", "tensorflow"])
     return {
         "hvd_train": torch["images_per_second"],
         "hvd_train_no_overlap": no_overlap["images_per_second"],
+        "hvd_train_bf16": bf16["images_per_second"],
         "ddp": ddp(hosts, recipe, steps),
+        "ddp_bf16": ddp(hosts, recipe, steps, "ddp_bf16"),
         "tensorflow": tensorflow["images_per_second"],
         "limit": torch["limit_images_per_second"],
         "tensorflow_limit": tensorflow["limit_images_per_second"],
@@ -119,6 +124,7 @@ def summary(gbit: float, rounds: list[dict[str, Any]], bare: dict[str, Any]) -> 
     row["of_limit"] = {name: round(max(f[name] / f[LIMITS[name]] for f in rounds), 3)
                        for name in SYSTEMS}  # fmt: skip
     row["hvd_train_vs_ddp"] = round(max(f["hvd_train"] / f["ddp"] for f in rounds), 3)
+    row["bf16_vs_ddp_bf16"] = round(max(f["hvd_train_bf16"] / f["ddp_bf16"] for f in rounds), 3)
     row["overlapped"] = [f["overlapped"] for f in rounds]
     row["projected"] = {
         name: round(projected_efficiency(bare[name], 2, gbit), 3)
@@ -140,7 +146,8 @@ def chart(figures: dict[str, Any], path: Path) -> None:
     figure, axis = plt.subplots(figsize=(7, 4), layout="constrained")
     width = 0.8 / len(SYSTEMS)
     for number, name in enumerate(SYSTEMS):
-        places = [i + (number - 1.5) * width for i in range(len(figures["links"]))]
+        middle = (len(SYSTEMS) - 1) / 2
+        places = [i + (number - middle) * width for i in range(len(figures["links"]))]
         shares = [row["of_limit"][name] for row in figures["links"]]
         axis.bar(places, shares, width, label=name.replace("_", " "))
     axis.set_xticks(range(len(figures["links"])),
@@ -171,7 +178,8 @@ def table(figures: dict[str, Any]) -> str:
             off = abs(projected / measured - 1) > TOLERANCE
             checks.append(f"{name} {measured:.3f} / {projected:.3f}"
                           + (f" (off by more than {TOLERANCE:.0%})" if off else ""))  # fmt: skip
-        lines.append(f"  {row['gbit_s']:5g} Gbit/s  {row['hvd_train_vs_ddp']:.2f}x; scaling "
+        lines.append(f"  {row['gbit_s']:5g} Gbit/s  {row['hvd_train_vs_ddp']:.2f}x, bf16 "
+                     f"{row['bf16_vs_ddp_bf16']:.2f}x; scaling "
                      f"efficiency measured / projected: {', '.join(checks)}")  # fmt: skip
     return "\n".join(lines)
 

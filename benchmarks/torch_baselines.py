@@ -5,6 +5,8 @@
                                                                  taking turns in one process
     horovodrun -np 2 python torch_baselines.py horovod ...       a hand-written Horovod loop
     torchrun --nproc-per-node 2 torch_baselines.py ddp ...       torch's DistributedDataParallel
+    torchrun --nproc-per-node 2 torch_baselines.py ddp_bf16 ...  the same, gradients sent as bf16
+                                                                 (torch's bf16_compress_hook)
 
 Threads: $THREADS per process (default: the cores shared out among the processes).
 """
@@ -80,13 +82,17 @@ def horovod(recipe, train, steps: int) -> float:
                    WARMUP, barrier)  # fmt: skip
 
 
-def ddp(recipe, train, steps: int) -> float:
-    """DistributedDataParallel on Gloo, started by torchrun."""
+def ddp(recipe, train, steps: int, bf16: bool = False) -> float:
+    """DistributedDataParallel on Gloo, started by torchrun; with `bf16`, each bucket sent as
+    bf16 by torch's own communication hook."""
     import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
     dist.init_process_group("gloo")
     model, optimizer = model_and_optimizer(recipe)
     model = torch.nn.parallel.DistributedDataParallel(model)  # its default buckets
+    if bf16:
+        model.register_comm_hook(None, bf16_compress_hook)
 
     def step(x, y):
         inputs, labels = tensors(x, y)
@@ -113,13 +119,15 @@ if __name__ == "__main__":
         report("hvd_train torch and a plain loop, taking turns", processes, threads, hvd_train,
                plain_images_per_second=plain_loop)  # fmt: skip
     else:
-        run = {"plain": plain, "horovod": horovod, "ddp": ddp}[mode]
+        run = {"plain": plain, "horovod": horovod, "ddp": ddp,
+               "ddp_bf16": lambda *args: ddp(*args, bf16=True)}[mode]  # fmt: skip
         images_per_second = run(recipe, train, steps)
         if rank == 0:
             name = {"plain": "torch, plain loop", "horovod": "torch, hand-written Horovod loop",
-                    "ddp": "torch DDP (Gloo, torchrun)"}[mode]  # fmt: skip
+                    "ddp": "torch DDP (Gloo, torchrun)",
+                    "ddp_bf16": "torch DDP (Gloo, torchrun), bf16 hook"}[mode]  # fmt: skip
             report(name, processes, threads, images_per_second)
-        if mode == "ddp":
+        if mode.startswith("ddp"):
             # torch 2.13's Gloo threads aborted the interpreter's exit ("terminate called without
             # an active exception") in 2 of 18 runs, after destroy_process_group and the result.
             sys.stdout.flush()

@@ -125,6 +125,10 @@ BAD_INPUTS = [
      "optimizer.learning_rate: nan is not a finite number; give a finite value"),
     ("override of an unknown setting", ["--set", "schedule.epoch=2"],
      "override schedule.epoch: unknown setting; use section.key"),
+    ("override of a renamed setting", ["--set", "horovod.fp16_compression=true"],
+     'override horovod.fp16_compression: renamed; use horovod.compression="fp16"'),
+    ("unknown compression", ["--set", "horovod.compression=int8"],
+     "override horovod.compression: unknown value 'int8'; choose one of none, fp16, bf16"),
     ("override out of range", ["--set", "optimizer.momentum=1.5"],
      "override optimizer.momentum: 1.5 is out of range; it must be below 1.0"),
     ("early stopping without a validation split",
@@ -223,8 +227,8 @@ RESUME_MISMATCHES = [
     (["--limit-steps", "5"], "--resume: --limit-steps 5 differs from the run's none"),
     (["--lr", "0.5"], "--resume: optimizer.learning_rate is 0.5 here but 0.001 in checkpoint "),
     (["--batch-size", "32"], "--resume: schedule.batch_size is 32 here but 64 in checkpoint "),
-    (["--set", "horovod.fp16_compression=true"],
-     "--resume: horovod.fp16_compression is True here but False in checkpoint "),
+    (["--set", "horovod.compression=bf16"],
+     "--resume: horovod.compression is 'bf16' here but 'none' in checkpoint "),
     (["--recipe", "mnist_bn"], "--resume: model.layers is another value here but another value"),
 ]  # fmt: skip
 
@@ -351,13 +355,13 @@ def test_a_loss_branching_on_a_tensor_under_tensorflow_is_one_line(tmp_path):
 
 def test_show_recipe_prints_the_effective_recipe(tmp_path):
     result = hvd_train("show-recipe", "--recipe", "mnist_bn", "--set", "optimizer.momentum=0.5",
-                 "--epochs", "7", "--set", "horovod.fp16_compression=true")  # fmt: skip
+                 "--epochs", "7", "--set", "horovod.compression=bf16")  # fmt: skip
     assert result.returncode == 0, result.stderr
     path = tmp_path / "shown.toml"
     path.write_text(result.stdout)
     shown = load_recipe(str(path))
     expected = load_recipe("mnist_bn").with_overrides(
-        {"momentum": 0.5, "epochs": 7, "fp16_compression": True}
+        {"momentum": 0.5, "epochs": 7, "compression": "bf16"}
     )
     assert shown.settings_table() == expected.settings_table()
     assert f"hash {expected.recipe_hash()}" in result.stdout.splitlines()[0]

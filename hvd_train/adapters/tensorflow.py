@@ -55,6 +55,26 @@ def cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
     )
 
 
+# The dtype each `[horovod] compression` sends gradients as (None: as they are).
+TRAVEL_DTYPES = {"none": None, "fp16": tf.float16, "bf16": tf.bfloat16}
+
+
+class Cast:
+    """Horovod's compressor interface: gradients cast to `dtype` to travel and back to their
+    own after, as Horovod's fp16 compressor does for float16; `None` sends them as they are."""
+
+    def __init__(self, dtype: tf.DType | None) -> None:
+        self.dtype = dtype
+
+    def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, tf.DType | None]:
+        if self.dtype is None:
+            return tensor, None
+        return tf.cast(tensor, self.dtype), tensor.dtype
+
+    def decompress(self, tensor: tf.Tensor, own: tf.DType | None) -> tf.Tensor:
+        return tensor if own is None else tf.cast(tensor, own)
+
+
 class Compiled:
     """`function` as one TensorFlow graph for every batch size: its first call traces it with
     the batch dimension of its first `batch_arguments` arguments left open, so that an epoch's
@@ -190,8 +210,7 @@ class TensorFlowAdapter(Adapter):
         coupled = optimizer.coupled_weight_decay
         self.l2 = [coupled * d for d in decays] if coupled else []
         self.clip_norm = optimizer.gradient_clip_norm
-        fp16 = horovod.fp16_compression
-        self.compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+        self.compression = Cast(TRAVEL_DTYPES[horovod.compression])
         self.passes_per_step = horovod.backward_passes_per_step
         # Several backward passes per step: their gradients and loss, summed locally.
         totals = [*self.model.trainable_variables, tf.zeros([], tf.float32)]
@@ -321,10 +340,10 @@ class TensorFlowAdapter(Adapter):
     ) -> tuple[list[tf.Tensor], tf.Tensor]:
         """The gradients averaged over the ranks in one grouped allreduce per group (one
         negotiation each), the control values in the last. Horovod's grouped op takes one
-        dtype, so under fp16 compression the control values, which travel at full precision,
-        take an allreduce of their own."""
+        dtype, so under compression the control values, which travel at full precision, take
+        an allreduce of their own."""
         averaged = list(gradients)
-        with_control = self.compression is hvd.Compression.none
+        with_control = self.compression.dtype is None
         for number, group in enumerate(groups):
             tensors = [gradients[index] for index in group]
             last = with_control and number == len(groups) - 1
@@ -347,7 +366,7 @@ class TensorFlowAdapter(Adapter):
         self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables, strict=True))
 
     def gradient_allreduce(self) -> Callable[[], Any]:
-        dtype = tf.float16 if self.compression is hvd.Compression.fp16 else tf.float32
+        dtype = self.compression.dtype or tf.float32
         tensors = [tf.zeros(v.shape, dtype) for v in self.model.trainable_variables]
         # The tensors as arguments: Horovod names its graph ops after their inputs.
         reduce = tf.function(lambda parts: hvd.grouped_allreduce(parts, op=hvd.Average),

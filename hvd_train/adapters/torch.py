@@ -236,6 +236,26 @@ class ElasticTorchState(ObjectState):
         super().sync()
 
 
+# The dtype each `[horovod] compression` sends gradients as (None: as they are).
+TRAVEL_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class Cast:
+    """Horovod's compressor interface: gradients cast to `dtype` to travel and back to their
+    own after, as Horovod's fp16 compressor does for float16; `None` sends them as they are."""
+
+    def __init__(self, dtype: torch.dtype | None) -> None:
+        self.dtype = dtype
+
+    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.dtype | None]:
+        if self.dtype is None:
+            return tensor, None
+        return tensor.to(self.dtype), tensor.dtype
+
+    def decompress(self, tensor: torch.Tensor, own: torch.dtype | None) -> torch.Tensor:
+        return tensor if own is None else tensor.to(own)
+
+
 class Exchange:
     """Averages the gradients over the ranks, and the control values (flags, loss) with them.
 
@@ -247,7 +267,7 @@ class Exchange:
     left without a gradient sends zeros, as another rank may have one.
     """
 
-    def __init__(self, parameters: list[torch.Tensor], compression: Any) -> None:
+    def __init__(self, parameters: list[torch.Tensor], compression: Cast) -> None:
         self.parameters, self.compression = parameters, compression
         self.buckets = buckets([p.numel() * p.element_size() for p in parameters])
         self.watching = self.sending = False  # in the last pass: its buckets counted (sent)
@@ -342,11 +362,9 @@ class TorchAdapter(Adapter):
         self.scaler = torch.amp.GradScaler(self.device.type) if scaled else None
         self.loss = self.resolved_loss(loss)
         self.clip_norm = optimizer.gradient_clip_norm
-        fp16 = horovod.fp16_compression
-        compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
         trainable = self.net.trainable()
         parameters = [p for _, p in trainable]
-        self.exchange = Exchange(parameters, compression)
+        self.exchange = Exchange(parameters, Cast(TRAVEL_DTYPES[horovod.compression]))
         self.overlap_choice = OverlapChoice(horovod.overlap, len(self.exchange.buckets))
         if optimizer.function is None:
             names = [name for name, _ in trainable]
@@ -464,8 +482,7 @@ class TorchAdapter(Adapter):
         self.optimizer.zero_grad()
 
     def gradient_allreduce(self) -> Callable[[], Any]:
-        fp16 = self.exchange.compression is hvd.Compression.fp16
-        dtype = torch.float16 if fp16 else torch.float32
+        dtype = self.exchange.compression.dtype or torch.float32
         tensors = [torch.zeros(p.shape, dtype=dtype) for _, p in self.net.trainable()]
         return lambda: hvd.grouped_allreduce(tensors, op=hvd.Average, name="hvd_train.bench")
 

@@ -225,7 +225,7 @@ def run_bench(
     if not adapter.is_rank_zero:
         return None
     weights = [a for name, a in adapter.trained_state().items() if name.startswith("weight.")]
-    per_value = 2 if recipe.horovod.fp16_compression else 4
+    per_value = 4 if recipe.horovod.compression == "none" else 2
     figures = report(ranks, wall, steps, per_value * sum(a.size for a in weights))
     # The recipe's setting, and whether the timed steps overlapped ("auto" decides by then).
     figures["overlap"] = recipe.horovod.overlap

@@ -23,6 +23,7 @@ from hvd_train.recipe.settings import (
     KEY_SECTIONS,
     LOADING_KEYS,
     LOSSES,
+    RENAMED,
     Checkpoints,
     Data,
     Horovod,
@@ -237,6 +238,8 @@ class Recipe:
         for key, value in overrides.items():
             section, _, name = key.rpartition(".")
             section = section or KEY_SECTIONS.get(name, "")
+            if name in RENAMED:
+                raise UsageError(f"{key}: renamed; use {RENAMED[name]}")
             if KEY_SECTIONS.get(name) != section:
                 raise UsageError(
                     f"{key}: unknown setting; use section.key with a key of the recipe reference "

@@ -22,6 +22,9 @@ LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 LR_SCALING = ("linear", "sqrt", "none")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+# How gradients travel between the ranks: as they are (fp32), or cast to 16 bits and back.
+# bf16 keeps fp32's range; Horovod reduces it through the patch series' 13-bfloat16.patch.
+COMPRESSIONS = ("none", "fp16", "bf16")
 # fp16's narrow range: its loss is scaled up before the backward pass and the gradients down
 # before the update, which is skipped (and the scale lowered) where they overflow.
 LOSS_SCALED = "fp16-mixed"
@@ -305,12 +308,13 @@ class Schedule(Settings):
 
 @dataclass(frozen=True)
 class Horovod(Settings):
-    """How gradients travel: as fp16; after how many local backward passes; and whether in
-    buckets while the last backward pass goes on (`overlap = true`), in one group after it
-    (`false`), or as hvd_train measures best (`"auto"`, see docs/performance.md)."""
+    """How gradients travel: as they are, or as fp16 or bf16 (`compression`); after how many
+    local backward passes; and whether in buckets while the last backward pass goes on
+    (`overlap = true`), in one group after it (`false`), or as hvd_train measures best
+    (`"auto"`, see docs/performance.md)."""
 
     section = "horovod"
-    fp16_compression: bool = setting(False, kind=bool)
+    compression: str = setting("none", kind=str, choices=COMPRESSIONS)
     backward_passes_per_step: int = setting(1, kind=int, positive=True)
     overlap: bool | str = "auto"
 
@@ -387,6 +391,8 @@ LOADING_KEYS = frozenset(item.name for item in dataclasses.fields(Loading))
 
 def make_settings(cls: type[Settings], table: dict[str, Any]) -> Any:
     """`cls` made from a TOML table or overrides: unknown keys are refused by name."""
+    if cls is Horovod and "fp16_compression" in table:
+        table = read_fp16_compression(table)
     known = {item.name for item in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(table) - known)
     if unknown:
@@ -397,3 +403,21 @@ def make_settings(cls: type[Settings], table: dict[str, Any]) -> Any:
     if cls is Data and "dataset" not in table:
         raise UsageError("data.dataset: missing; add it to the recipe")
     return cls(**table)
+
+
+# Keys of earlier versions and what replaced them, for the message that refuses them.
+RENAMED = {"fp16_compression": 'horovod.compression="fp16"'}
+
+
+def read_fp16_compression(table: dict[str, Any]) -> dict[str, Any]:
+    """A `[horovod]` table from before `compression` (a recipe, or a checkpoint's saved one):
+    its `fp16_compression = true` or `false` read as `compression = "fp16"` or `"none"`."""
+    table = dict(table)
+    old = table.pop("fp16_compression")
+    if "compression" in table:
+        raise UsageError("horovod.fp16_compression: replaced by horovod.compression, which is "
+                         "given too; remove fp16_compression")  # fmt: skip
+    if not isinstance(old, bool):
+        raise UsageError(f"horovod.fp16_compression: expected true or false, got {old!r}; "
+                         'better, use compression = "none", "fp16" or "bf16"')  # fmt: skip
+    return table | {"compression": "fp16" if old else "none"}

@@ -1,6 +1,7 @@
 """The patched Horovod's allreduce, under the real horovodrun: every rank gets the same bits for
 every dtype, reduction and way of enqueueing, and the exact answer wherever there is one
-(allreduce_bits.py says where). Gloo's two-rank exchange (np=2), its ring (np=3), and MPI."""
+(allreduce_bits.py says where), bfloat16 included. Gloo's two-rank exchange (np=2), its ring
+(np=3), and MPI."""
 
 import json
 import shutil
@@ -45,11 +46,17 @@ def test_ranks_get_the_same_bits_and_the_exact_answer(framework, ranks, controll
     assert exact >= MAXIMA
     if ranks == 2:
         assert exact >= REVIEWED
-        # A reduce-scatter's float16 sums, rounded once as the allreduce's are.
-        assert exact >= {f"{case} sum reducescatter" for case in PAIRS | {"float16 wide"}}
-    assert {"float16 small sum reducescatter", "float32 small sum reducescatter"} <= exact
+        # A reduce-scatter's float16 and bfloat16 sums, rounded once as the allreduce's are.
+        wide = PAIRS | {"float16 wide", "bfloat16 wide"}
+        assert exact >= {f"{case} sum reducescatter" for case in wide}
+        # bfloat16 sums of two ranks, whichever way enqueued: added in float, rounded once.
+        assert exact >= {f"bfloat16 wide sum {mode}" for mode in ("single", "fused", "grouped")}
+    small = {f"{dtype} small sum reducescatter" for dtype in ("float16", "bfloat16", "float32")}
+    assert small <= exact
     # Every dtype's small integers are summed exactly, whichever way they were enqueued.
-    assert {f"{dtype} small sum {mode}" for dtype in ("int32", "float16", "float64")
+    assert {f"{dtype} small {reduction} {mode}"
+            for dtype in ("int32", "float16", "bfloat16", "float64")
+            for reduction in ("sum", "min", "max")
             for mode in ("single", "fused", "grouped")} <= exact  # fmt: skip
 
 

@@ -36,7 +36,7 @@ def with_options(tmp_path: Path) -> str:
     for old, new in [
         ("weight_decay = 0.0", "weight_decay = 0.01"),
         ("gradient_clip_norm = 0.0", "gradient_clip_norm = 0.5"),
-        ("fp16_compression = false", "fp16_compression = true"),
+        ('compression = "none"', 'compression = "fp16"'),
         ("backward_passes_per_step = 1", "backward_passes_per_step = 2"),
     ]:
         assert old in text
@@ -69,14 +69,16 @@ def test_broadcast_then_steps_on_different_data_keep_replicas_identical(
 # Variants of plain SGD (no dropout) on 64 images a step: two ranks of 32 (or two passes of 16
 # each) must take the step one process takes on all 64 at once, if and only if the gradients
 # are averaged (and clipped, compressed, accumulated, sent in buckets during the backward pass)
-# as they should be. fp16 rounds. With a dense layer of 16 MB the gradients fill two buckets.
+# as they should be. fp16 and bf16 round (bf16 more). With a dense layer of 16 MB the gradients
+# fill two buckets.
 STEP_VARIANTS = {
     "sgd": ({}, 1e-6),
     "overlap": ({"units = 128": "units = 4096", 'overlap = "auto"': "overlap = true"}, 1e-6),
     "clipped": ({"gradient_clip_norm = 0.0": "gradient_clip_norm = 0.05"}, 1e-6),
     "accumulated": ({"batch_size = 32": "batch_size = 16",
                      "backward_passes_per_step = 1": "backward_passes_per_step = 2"}, 1e-6),
-    "fp16": ({"fp16_compression = false": "fp16_compression = true"}, 2e-6),
+    "fp16": ({'compression = "none"': 'compression = "fp16"'}, 2e-6),
+    "bf16": ({'compression = "none"': 'compression = "bf16"'}, 2e-5),
 }  # fmt: skip
 
 
@@ -96,7 +98,7 @@ def test_two_ranks_take_the_step_one_process_takes_on_both_batches(
     arguments = [script("worker.py"), framework, str(recipe), str(mnist_dir), str(tmp_path), "2"]
     horovodrun(*arguments)
     # The reference: all 64 images in one batch, one pass, no compression.
-    alone(*arguments, "backward_passes_per_step=1", "fp16_compression=false")
+    alone(*arguments, "backward_passes_per_step=1", 'compression="none"')
     start = load(tmp_path / "broadcast-1-0.npz")
     assert_same(load(tmp_path / "broadcast-2-0.npz"), start)
     reference = load(tmp_path / "trained-1-0.npz")

@@ -87,7 +87,7 @@ def test_overrides_replace_only_what_is_given_and_are_checked():
 
 
 def test_the_effective_recipe_round_trips_through_toml(tmp_path):
-    recipe = load_recipe("mnist_bn").with_overrides({"epochs": 9, "fp16_compression": True})
+    recipe = load_recipe("mnist_bn").with_overrides({"epochs": 9, "compression": "bf16"})
     again = parse(recipe_toml(recipe))
     assert again.settings_table() == recipe.settings_table()
     assert again.recipe_hash() == recipe.recipe_hash() != load_recipe("mnist_bn").recipe_hash()
@@ -159,3 +159,17 @@ def test_unknown_recipe_lists_the_known_ones():
 def test_missing_recipe_file():
     with pytest.raises(UsageError, match="cannot read recipe missing.toml"):
         load_recipe("missing.toml")
+
+
+def test_fp16_compression_of_earlier_recipes_and_checkpoints_reads_as_compression():
+    old = GOOD.replace('compression = "none"', "fp16_compression = true")
+    assert parse(old).horovod.compression == "fp16"
+    assert parse(old.replace("= true", "= false", 1)).horovod.compression == "none"
+    both = old.replace("fp16_compression = true", 'fp16_compression = true\ncompression = "bf16"')
+    with pytest.raises(UsageError, match="replaced by horovod.compression, which is given too"):
+        parse(both)
+    with pytest.raises(UsageError, match=r"fp16_compression: expected true or false, got 'yes'"):
+        parse(old.replace("fp16_compression = true", 'fp16_compression = "yes"'))
+    renamed = r'fp16_compression: renamed; use horovod.compression="fp16"'
+    with pytest.raises(UsageError, match=renamed):
+        load_recipe("mnist_cnn").with_overrides({"horovod.fp16_compression": True})
