@@ -9,6 +9,8 @@ shape, one system after another:
 
   hvd_train               `hvd-train bench`, torch, overlap as the recipe says ("auto")
   hvd_train_no_overlap    the same with `overlap=false`: one group after the backward pass
+  overlap_on              the same with `overlap=true` (so that "auto" is checked against the
+                          faster of the two in each round)
   hvd_train_bf16          the same with `compression=bf16`: gradients sent as bf16
   ddp                     torch's DistributedDataParallel (Gloo, default buckets), started by
                           torchrun on each host with c10d rendezvous over the same link
@@ -16,6 +18,8 @@ shape, one system after another:
   tensorflow              `hvd-train bench --framework tensorflow`
   limit                   the same two ranks training with no exchange at all, at once (the
                           torch bench's second phase; `tensorflow_limit` likewise)
+  ddp_limit               DDP's own steps under `no_sync`, sending nothing: with `limit`, it
+                          tells a slower exchange from slower passes
 
 Every system sees the same model, data, batch per rank and optimizer, one thread per rank (the
 two hosts share this machine's cores). Each figure is the best of --repeats rounds, and each
@@ -75,9 +79,10 @@ def bench(hosts: Hosts, recipe: str, steps: int, extra: list[str]) -> dict[str, 
     return figures
 
 
-def ddp(hosts: Hosts, recipe: str, steps: int, mode: str = "ddp") -> float:
-    """DDP's images/s: torchrun on each host (inside its namespace), c10d rendezvous at the
-    first host, Gloo over the hosts' link; `mode` "ddp_bf16" sends bf16."""
+def ddp(hosts: Hosts, recipe: str, steps: int, mode: str = "ddp") -> dict[str, float]:
+    """DDP's images/s, and its own limit (no_sync): torchrun on each host (inside its
+    namespace), c10d rendezvous at the first host, Gloo over the hosts' link; `mode`
+    "ddp_bf16" sends bf16."""
     jobs, gloo = [], environment() | {"GLOO_SOCKET_IFNAME": "eth0"}
     for number, (namespace, address) in enumerate(
         zip(hosts.namespaces, HOSTS.values(), strict=True)
@@ -92,21 +97,25 @@ def ddp(hosts: Hosts, recipe: str, steps: int, mode: str = "ddp") -> float:
         jobs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, cwd=ROOT, env=gloo))  # fmt: skip
     [figures] = results(checked(jobs))
-    return figures["images_per_second"]
+    return figures
 
 
 def round_of(hosts: Hosts, recipe: str, steps: int) -> dict[str, float]:
     """One round of every system on the link as it is shaped now: images/s by name."""
     torch = bench(hosts, recipe, steps, [])
     no_overlap = bench(hosts, recipe, steps, ["--set", "overlap=false"])
+    overlap_on = bench(hosts, recipe, steps, ["--set", "overlap=true"])
     bf16 = bench(hosts, recipe, steps, ["--set", "compression=bf16"])
+    plain = ddp(hosts, recipe, steps)
     tensorflow = bench(hosts, recipe, steps, ["--framework", "tensorflow"])
     return {
         "hvd_train": torch["images_per_second"],
         "hvd_train_no_overlap": no_overlap["images_per_second"],
+        "overlap_on": overlap_on["images_per_second"],
         "hvd_train_bf16": bf16["images_per_second"],
-        "ddp": ddp(hosts, recipe, steps),
-        "ddp_bf16": ddp(hosts, recipe, steps, "ddp_bf16"),
+        "ddp": plain["images_per_second"],
+        "ddp_bf16": ddp(hosts, recipe, steps, "ddp_bf16")["images_per_second"],
+        "ddp_limit": plain["local_images_per_second"],
         "tensorflow": tensorflow["images_per_second"],
         "limit": torch["limit_images_per_second"],
         "tensorflow_limit": tensorflow["limit_images_per_second"],
@@ -124,7 +133,14 @@ def summary(gbit: float, rounds: list[dict[str, Any]], bare: dict[str, Any]) -> 
     row["of_limit"] = {name: round(max(f[name] / f[LIMITS[name]] for f in rounds), 3)
                        for name in SYSTEMS}  # fmt: skip
     row["hvd_train_vs_ddp"] = round(max(f["hvd_train"] / f["ddp"] for f in rounds), 3)
+    row["ddp_limit"] = max(f["ddp_limit"] for f in rounds)
+    row["ddp_of_own_limit"] = round(max(f["ddp"] / f["ddp_limit"] for f in rounds), 3)
     row["bf16_vs_ddp_bf16"] = round(max(f["hvd_train_bf16"] / f["ddp_bf16"] for f in rounds), 3)
+    # "auto" against the faster of overlap on and off, in each round (its target: >= 0.97).
+    row["auto_vs_best"] = [
+        round(f["hvd_train"] / max(f["hvd_train"], f["hvd_train_no_overlap"], f["overlap_on"]), 3)
+        for f in rounds
+    ]
     row["overlapped"] = [f["overlapped"] for f in rounds]
     row["projected"] = {
         name: round(projected_efficiency(bare[name], 2, gbit), 3)
@@ -178,8 +194,10 @@ def table(figures: dict[str, Any]) -> str:
             off = abs(projected / measured - 1) > TOLERANCE
             checks.append(f"{name} {measured:.3f} / {projected:.3f}"
                           + (f" (off by more than {TOLERANCE:.0%})" if off else ""))  # fmt: skip
+        auto = ", ".join(f"{share:.2f}" for share in row["auto_vs_best"])
         lines.append(f"  {row['gbit_s']:5g} Gbit/s  {row['hvd_train_vs_ddp']:.2f}x, bf16 "
-                     f"{row['bf16_vs_ddp_bf16']:.2f}x; scaling "
+                     f"{row['bf16_vs_ddp_bf16']:.2f}x; auto over the faster of overlap on and "
+                     f"off: {auto}; scaling "
                      f"efficiency measured / projected: {', '.join(checks)}")  # fmt: skip
     return "\n".join(lines)
 

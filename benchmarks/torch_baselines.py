@@ -82,9 +82,10 @@ def horovod(recipe, train, steps: int) -> float:
                    WARMUP, barrier)  # fmt: skip
 
 
-def ddp(recipe, train, steps: int, bf16: bool = False) -> float:
+def ddp(recipe, train, steps: int, bf16: bool = False) -> tuple[float, float]:
     """DistributedDataParallel on Gloo, started by torchrun; with `bf16`, each bucket sent as
-    bf16 by torch's own communication hook."""
+    bf16 by torch's own communication hook. Its images/s, and then the same steps under
+    `no_sync` (nothing sent: DDP's own limit, as hvd-train bench's local phase is hvd_train's)."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
@@ -102,11 +103,16 @@ def ddp(recipe, train, steps: int, bf16: bool = False) -> float:
         F.cross_entropy(model(inputs), labels).backward()
         optimizer.step()
 
+    def local_step(x, y):
+        with model.no_sync():
+            step(x, y)
+
     rank, world = dist.get_rank(), dist.get_world_size()
-    result = measure(step, train, recipe.schedule.batch_size, rank, world, steps, WARMUP,
-                     dist.barrier)  # fmt: skip
+    batch = recipe.schedule.batch_size
+    result = measure(step, train, batch, rank, world, steps, WARMUP, dist.barrier)
+    local = measure(local_step, train, batch, rank, world, steps, WARMUP, dist.barrier)
     dist.destroy_process_group()
-    return result
+    return result, local
 
 
 if __name__ == "__main__":
@@ -123,12 +129,15 @@ if __name__ == "__main__":
     else:
         run = {"plain": plain, "horovod": horovod, "ddp": ddp,
                "ddp_bf16": lambda *args: ddp(*args, bf16=True)}[mode]  # fmt: skip
-        images_per_second = run(recipe, train, steps)
+        images_per_second, more = run(recipe, train, steps), {}
+        if mode.startswith("ddp"):
+            images_per_second, local = images_per_second
+            more["local_images_per_second"] = local
         if rank == 0:
             name = {"plain": "torch, plain loop", "horovod": "torch, hand-written Horovod loop",
                     "ddp": "torch DDP (Gloo, torchrun)",
                     "ddp_bf16": "torch DDP (Gloo, torchrun), bf16 hook"}[mode]  # fmt: skip
-            report(name, processes, threads, images_per_second)
+            report(name, processes, threads, images_per_second, **more)
         if mode.startswith("ddp"):
             # torch 2.13's Gloo threads aborted the interpreter's exit ("terminate called without
             # an active exception") in 2 of 18 runs, after destroy_process_group and the result.
