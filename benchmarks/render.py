@@ -117,18 +117,38 @@ def resnet18_links() -> str:
     """docs/performance.md's table: each system at each link speed."""
     figures = results("links-resnet18")
     head = ["link", "hvd_train torch (auto)", "overlap off", "torch DDP", "hvd_train TF",
-            "limit", "torch / DDP", "within a round"]  # fmt: skip
+            "limit", "torch / DDP", "within a round", "hvd_train bf16", "DDP bf16",
+            "bf16 / DDP bf16"]  # fmt: skip
     rows = [[f"{row['gbit_s']:g} Gbit/s", f"{row['hvd_train']:.1f}",
              f"{row['hvd_train_no_overlap']:.1f}", f"{row['ddp']:.1f}",
              f"{row['tensorflow']:.1f}", f"{row['limit']:.1f}",
-             f"{row['hvd_train'] / row['ddp']:.2f}x", f"{row['hvd_train_vs_ddp']:.2f}x"]
+             f"{row['hvd_train'] / row['ddp']:.2f}x", f"{row['hvd_train_vs_ddp']:.2f}x",
+             f"{row['hvd_train_bf16']:.1f}", f"{row['ddp_bf16']:.1f}",
+             f"{row['bf16_vs_ddp_bf16']:.2f}x"]
             for row in figures["links"]]  # fmt: skip
     return "\n".join([
         f"Images/s, best of {figures['repeats']} rounds of {figures['steps']} steps, "
         f"{when(figures)} (`docs/results/links-resnet18.json`). \"torch / DDP\" divides the "
-        "best of each; \"within a round\" is the best ratio of two runs of one round:", "",
-        table(head, rows), "",
+        "best of each; \"within a round\" and \"bf16 / DDP bf16\" are the best ratio of two runs "
+        "of one round. bf16: gradients sent as bf16 (`[horovod] compression = \"bf16\"`; DDP "
+        "with torch's bf16_compress_hook):", "",
+        table(head, rows), "", *links_checks(figures),
     ])  # fmt: skip
+
+
+def links_checks(figures: dict[str, Any]) -> list[str]:
+    """Under the table: "auto" against the faster of overlap on and off in each round, and each
+    system's share of its own limit (hvd_train's local phase; DDP's steps under no_sync)."""
+    lines = []
+    for row in figures["links"]:
+        auto = ", ".join(f"{share:.2f}" for share in row["auto_vs_best"])
+        ours = row["of_limit"]["hvd_train"]
+        lines.append(
+            f'- {row["gbit_s"]:g} Gbit/s: "auto" over the faster of overlap on and off, each '
+            f"round: {auto}. Of their own limits: hvd_train torch {ours:.2f} "
+            f"({row['limit']:.1f}), DDP {row['ddp_of_own_limit']:.2f} ({row['ddp_limit']:.1f})."
+        )
+    return [*lines, ""]
 
 
 def precision() -> str:
