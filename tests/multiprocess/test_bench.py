@@ -76,7 +76,7 @@ def test_bench_under_horovodrun_times_the_exchange_on_rank_zero_only(framework):
     expected = bench["local_step_ms"] / (bench["step_ms"] + wire_ms)
     assert slow["2"] == pytest.approx(expected, abs=0.001) and slow["64"] < slow["2"]
     compressed = figures(horovodrun(*BENCH, "--framework", framework,
-                                    "--set", "fp16_compression=true").stdout)[0]  # fmt: skip
+                                    "--set", "compression=bf16").stdout)[0]  # fmt: skip
     assert compressed["gradient_mb"] == pytest.approx(2 * PARAMETERS / 1e6, abs=0.001)
 
 
