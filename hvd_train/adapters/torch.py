@@ -35,6 +35,7 @@ from hvd_train.adapters.base import (
     Adapter,
     Arrays,
     Batch,
+    Cast,
     ElasticState,
     Exported,
     Loss,
@@ -240,22 +241,6 @@ class ElasticTorchState(ObjectState):
 TRAVEL_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-class Cast:
-    """Horovod's compressor interface: gradients cast to `dtype` to travel and back to their
-    own after, as Horovod's fp16 compressor does for float16; `None` sends them as they are."""
-
-    def __init__(self, dtype: torch.dtype | None) -> None:
-        self.dtype = dtype
-
-    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.dtype | None]:
-        if self.dtype is None:
-            return tensor, None
-        return tensor.to(self.dtype), tensor.dtype
-
-    def decompress(self, tensor: torch.Tensor, own: torch.dtype | None) -> torch.Tensor:
-        return tensor if own is None else tensor.to(own)
-
-
 class Exchange:
     """Averages the gradients over the ranks, and the control values (flags, loss) with them.
 
@@ -364,7 +349,8 @@ class TorchAdapter(Adapter):
         self.clip_norm = optimizer.gradient_clip_norm
         trainable = self.net.trainable()
         parameters = [p for _, p in trainable]
-        self.exchange = Exchange(parameters, Cast(TRAVEL_DTYPES[horovod.compression]))
+        travel = Cast(TRAVEL_DTYPES[horovod.compression], torch.Tensor.to)
+        self.exchange = Exchange(parameters, travel)
         self.overlap_choice = OverlapChoice(horovod.overlap, len(self.exchange.buckets))
         if optimizer.function is None:
             names = [name for name, _ in trainable]
