@@ -1,7 +1,9 @@
 """Runs inside each rank under `horovodrun -np N` and allreduces, through the patched Horovod's
 binding for FRAMEWORK, every dtype that binding reduces with every reduction it offers: one
-tensor at a time (single), as 20 tensors that Horovod fuses into one buffer (fused), and as one
-group (grouped). Every result is allgathered as raw bytes, so rank 0 sees what each rank got.
+tensor at a time (single), as 20 tensors that Horovod fuses into one buffer (fused), as one
+group (grouped), and (torch) as 20 consecutive slices of one buffer, averaged in place in one
+group, which the patched Horovod reduces where they lie (in place). Every result is allgathered
+as raw bytes, so rank 0 sees what each rank got.
 
 usage: allreduce_bits.py FRAMEWORK OUT.json
 Rank 0 writes one record per case: whether all ranks got the same bytes, and whether those
@@ -46,6 +48,7 @@ class Binding:
     of enqueueing several allreduces at once (`fused`)."""
 
     dtypes: ClassVar[list[type]]  # what it allreduces
+    modes: ClassVar = ("single", "fused", "grouped")
 
     def __init__(self, hvd) -> None:
         self.hvd = hvd
@@ -59,6 +62,8 @@ class Binding:
             results = [self.hvd.allreduce(tensors[0], name=name, **options)]
         elif mode == "fused":
             results = self.fused(tensors, name, options)
+        elif mode == "in place":
+            return self.in_place(pieces, name, options)
         else:
             results = self.hvd.grouped_allreduce(tensors, name=name, **options)
         return np.concatenate([self.array(result) for result in results])
@@ -77,6 +82,7 @@ class Binding:
 
 class Torch(Binding):
     dtypes: ClassVar = [np.int32, np.int64, np.float16, BFLOAT16, np.float32, np.float64]
+    modes: ClassVar = (*Binding.modes, "in place")
 
     def __init__(self) -> None:
         import horovod.torch as hvd
@@ -101,6 +107,13 @@ class Torch(Binding):
         handles = [self.hvd.allreduce_async(tensor, name=f"{name}.{index}", **options)
                    for index, tensor in enumerate(tensors)]  # fmt: skip
         return [self.hvd.synchronize(handle) for handle in handles]
+
+    def in_place(self, pieces: list[np.ndarray], name: str, options: dict) -> np.ndarray:
+        """The pieces as the consecutive slices of one buffer, reduced in place in one group."""
+        flat = self.tensor(np.concatenate(pieces))
+        self.hvd.grouped_allreduce_(list(flat.split([len(p) for p in pieces])), name=name,
+                                    **options)  # fmt: skip
+        return self.array(flat)
 
 
 class TensorFlow(Binding):
@@ -212,7 +225,7 @@ def main() -> None:
             inputs = [rank_data(rank, size, dtype, kind, count) for rank in range(size)]
             label = f"{np.dtype(dtype).name} {kind}"
             for reduction in REDUCTIONS:
-                for mode in ("single", "fused", "grouped"):
+                for mode in framework.modes:
                     records.append(run_case(framework, label, inputs, reduction, mode))
             if dtype in (np.float16, BFLOAT16, np.float32):  # odd lengths: 1,001, 200,000 / 3
                 records.append(run_reducescatter(framework, label, inputs))
