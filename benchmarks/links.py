@@ -24,7 +24,9 @@ shape, one system after another:
 Every system sees the same model, data, batch per rank and optimizer, one thread per rank (the
 two hosts share this machine's cores). Each figure is the best of --repeats rounds, and each
 ratio the best of the ratios taken within one round. First, on the bare link, `hvd-train bench
---links` projects each hvd_train torch run's scaling efficiency; the shaped runs check it.
+--links` projects each hvd_train torch run's scaling efficiency; the shaped runs check it. The
+bytes each system copies per step, which do not depend on the link, come from
+`benchmarks.copies`, run before everything.
 `--json` prints one object; otherwise a table.
 """
 
@@ -39,6 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks import copies
 from benchmarks.hosts import HOSTS, Hosts, cannot_make_hosts, shape, two_hosts
 from benchmarks.run import BIN, PYTHON, ROOT, machine, results
 from hvd_train.commands.bench import projected_efficiency
@@ -199,6 +202,9 @@ def table(figures: dict[str, Any]) -> str:
                      f"{row['bf16_vs_ddp_bf16']:.2f}x; auto over the faster of overlap on and "
                      f"off: {auto}; scaling "
                      f"efficiency measured / projected: {', '.join(checks)}")  # fmt: skip
+    copied = ", ".join(f"{name} {figures['copied_mb_per_step'][name]['total_mb']:.1f}"
+                       for name in copies.SYSTEMS)  # fmt: skip
+    lines.append(f"  MB copied per step: {copied}")
     return "\n".join(lines)
 
 
@@ -216,6 +222,7 @@ def main() -> None:
         sys.exit(f"benchmarks.links: {reason}")
     links = [float(gbit) for gbit in args.links.split(",")]
     rounds: dict[float, list[dict[str, Any]]] = {gbit: [] for gbit in links}
+    copied = copies.measure(args.recipe, steps=3)
     with tempfile.TemporaryDirectory() as work, two_hosts(Path(work)) as hosts:
         shape(hosts, None)
         gbits = ["--links", args.links]
@@ -230,6 +237,7 @@ def main() -> None:
     figures = {"recipe": args.recipe, "gradient_mb": bare["hvd_train"]["gradient_mb"],
                "machine": machine(), "repeats": args.repeats, "steps": args.steps,
                "links": [summary(gbit, rounds[gbit], bare) for gbit in links],
+               "copied_mb_per_step": copied,
                "bare_link": bare,
                "rounds": {f"{gbit:g}": rounds[gbit] for gbit in links}}  # fmt: skip
     print(json.dumps(figures, indent=2) if args.json else table(figures))

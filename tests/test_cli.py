@@ -337,6 +337,22 @@ def test_a_torch_only_recipe_under_tensorflow_is_refused(tmp_path):
     )  # fmt: skip
 
 
+@pytest.mark.torch
+def test_a_torch_model_training_parameters_of_two_dtypes_is_one_line(tmp_path, mnist_dir):
+    path = tmp_path / "two_dtypes.py"
+    path.write_text(
+        "import torch\nfrom hvd_train import Data, Recipe\n"
+        "def model():\n"
+        "    linear = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))\n"
+        "    linear.register_parameter('scale', torch.nn.Parameter(torch.ones(1).double()))\n"
+        "    return linear\n"
+        "recipe = Recipe(data=Data('mnist'), torch_model=model)\n"
+    )
+    result = hvd_train("--framework", "torch", "--recipe", str(path), "--data-dir",
+                       str(mnist_dir), "--output-dir", str(tmp_path / "run"))  # fmt: skip
+    assert_usage_error(result, "the model trains parameters of several dtypes (float32, float64)")
+
+
 @pytest.mark.tensorflow
 def test_a_loss_branching_on_a_tensor_under_tensorflow_is_one_line(tmp_path):
     path = tmp_path / "branching.py"

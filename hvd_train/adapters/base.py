@@ -150,23 +150,6 @@ class Elastic(Protocol):
         restored to its last commit, Horovod re-initialises, and `loop` is called again."""
 
 
-class Cast:
-    """Horovod's compressor interface: gradients cast to `dtype` to travel and back to their
-    own after, as Horovod's fp16 compressor does for float16; `None` sends them as they are.
-    `convert(tensor, dtype)` is the framework's cast."""
-
-    def __init__(self, dtype: Any, convert: Callable[[Any, Any], Any]) -> None:
-        self.dtype, self.convert = dtype, convert
-
-    def compress(self, tensor: Any) -> tuple[Any, Any]:
-        if self.dtype is None:
-            return tensor, None
-        return self.convert(tensor, self.dtype), tensor.dtype
-
-    def decompress(self, tensor: Any, own: Any) -> Any:
-        return tensor if own is None else self.convert(tensor, own)
-
-
 @dataclass(frozen=True)
 class ModelState:
     """A rank's model and optimizer, as the framework names and shapes them (a model's `Layout`

@@ -26,7 +26,6 @@ from hvd_train.adapters.base import (
     Adapter,
     Arrays,
     Batch,
-    Cast,
     Exported,
     Loss,
     ModelState,
@@ -58,6 +57,22 @@ def cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
 
 # The dtype each `[horovod] compression` sends gradients as (None: as they are).
 TRAVEL_DTYPES = {"none": None, "fp16": tf.float16, "bf16": tf.bfloat16}
+
+
+class Cast:
+    """Horovod's compressor interface: gradients cast to `dtype` to travel and back to their
+    own after, as Horovod's fp16 compressor does for float16; `None` sends them as they are."""
+
+    def __init__(self, dtype: tf.DType | None) -> None:
+        self.dtype = dtype
+
+    def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, tf.DType | None]:
+        if self.dtype is None:
+            return tensor, None
+        return tf.cast(tensor, self.dtype), tensor.dtype
+
+    def decompress(self, tensor: tf.Tensor, own: tf.DType | None) -> tf.Tensor:
+        return tensor if own is None else tf.cast(tensor, own)
 
 
 class Compiled:
@@ -195,7 +210,7 @@ class TensorFlowAdapter(Adapter):
         coupled = optimizer.coupled_weight_decay
         self.l2 = [coupled * d for d in decays] if coupled else []
         self.clip_norm = optimizer.gradient_clip_norm
-        self.compression = Cast(TRAVEL_DTYPES[horovod.compression], tf.cast)
+        self.compression = Cast(TRAVEL_DTYPES[horovod.compression])
         self.passes_per_step = horovod.backward_passes_per_step
         # Several backward passes per step: their gradients and loss, summed locally.
         totals = [*self.model.trainable_variables, tf.zeros([], tf.float32)]

@@ -2,9 +2,9 @@
 
 The model is a `torch.nn.Module`: built from the neutral layer list, a recipe's own module, or a
 Keras 3 model on Keras's torch backend (whose layers are torch modules too). Either way the
-gradients of its trainable parameters are averaged over the ranks with Horovod's grouped
-allreduce: in one group after the step's backward passes, or in buckets while the last pass
-goes on (`Exchange`), as the TensorFlow adapter does.
+gradients of its trainable parameters live in one flat buffer, averaged over the ranks in place
+by Horovod: whole after the step's backward passes, or in buckets while the last pass goes on
+(`Exchange`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from hvd_train.adapters.base import (
     Adapter,
     Arrays,
     Batch,
-    Cast,
     ElasticState,
     Exported,
     Loss,
@@ -241,30 +240,67 @@ class ElasticTorchState(ObjectState):
 TRAVEL_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def laid_out(values: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
+    """`values` (as many as `parameter` has) in its shape and memory layout (channels-last, for
+    one), as autograd lays out a gradient for it: what DDP's bucket views do."""
+    strides = torch.empty_like(parameter, device="meta").stride()  # dense layouts kept
+    return values.as_strided(parameter.shape, strides)
+
+
 class Exchange:
     """Averages the gradients over the ranks, and the control values (flags, loss) with them.
 
-    Without overlap: one grouped allreduce after the backward passes, so one negotiation and,
-    uncompressed, one fused transfer. With it: the gradients in buckets (`buckets`), each sent
-    from a hook as the last backward pass finishes its last gradient, so its transfer overlaps
-    the rest of the pass, as DDP's buckets do; the bucket the pass finishes last goes after it,
-    with the control values. The control values travel uncompressed. A parameter this rank
-    left without a gradient sends zeros, as another rank may have one.
+    The gradients live in one flat buffer: each parameter's `.grad` is a view of it, laid out in
+    buckets (`buckets`, in the order the backward pass fills them), so a bucket is one slice and
+    goes to Horovod as one tensor, averaged in place: no copy into Horovod's fusion buffer and
+    back (docs/performance.md, "Gradients in place"). Compressed, a slice travels as its cast
+    and comes back into the buffer. Without overlap: the whole buffer, after the backward
+    passes. With it: each bucket sent from a hook as the last pass finishes its last gradient,
+    so its transfer overlaps the rest of the pass, as DDP's buckets do; the bucket the pass
+    finishes last goes after it. The control values travel as float64 in their own allreduce:
+    Horovod fuses only tensors of one dtype, so they never pull the gradients into its fusion
+    buffer. A parameter this rank left without a gradient sends its zeros, as another rank may
+    have one.
     """
 
-    def __init__(self, parameters: list[torch.Tensor], compression: Cast) -> None:
-        self.parameters, self.compression = parameters, compression
+    def __init__(
+        self, parameters: list[torch.Tensor], travel: torch.dtype | None, device: torch.device
+    ) -> None:
+        self.parameters, self.travel = parameters, travel
+        dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in parameters})
+        if len(dtypes) > 1:
+            raise UsageError(
+                f"the model trains parameters of several dtypes ({', '.join(dtypes)}), and their "
+                "gradients share one buffer: give them one dtype (module.float())"
+            )
         self.buckets = buckets([p.numel() * p.element_size() for p in parameters])
+        dtype = parameters[0].dtype if parameters else torch.float32
+        self.flat = torch.zeros(sum(p.numel() for p in parameters), dtype=dtype, device=device)
+        sizes = [[parameters[index].numel() for index in indices] for indices in self.buckets]
+        self.parts = self.flat.split(list(map(sum, sizes)))  # per bucket, its part of `flat`
+        views: dict[int, torch.Tensor] = {}
+        for indices, part, bucket_sizes in zip(self.buckets, self.parts, sizes, strict=True):
+            views.update(zip(indices, part.split(bucket_sizes), strict=True))
+        self.views = [laid_out(views[index], p) for index, p in enumerate(parameters)]
+        self.clear()
         self.watching = self.sending = False  # in the last pass: its buckets counted (sent)
         self.waiting: list[int] = []  # per bucket: its gradients still to come in this pass
         self.first_full: float | None = None  # when the pass filled its first bucket
-        self.sent: list[tuple[list[int], Any, tuple[Any, ...]]] = []
+        self.sent: list[tuple[torch.Tensor, Any]] = []  # a part of `flat`, and its handle
         if len(self.buckets) > 1:
             for bucket, indices in enumerate(self.buckets[:-1]):
                 for index in indices:
                     self.parameters[index].register_post_accumulate_grad_hook(
                         functools.partial(self._accumulated, bucket)
                     )
+
+    def clear(self) -> None:
+        """Zero gradients, in the buffer (where something else put a .grad of its own, the
+        view goes back)."""
+        self.flat.zero_()
+        for parameter, view in zip(self.parameters, self.views, strict=True):
+            if parameter.grad is not view:
+                parameter.grad = view
 
     def watch(self, send: bool) -> None:
         """Counts the coming pass's gradients into buckets, and sends each full one if `send`."""
@@ -278,36 +314,31 @@ class Exchange:
             if self.waiting[bucket] == 0:
                 self.first_full = self.first_full or time.perf_counter()
                 if self.sending:
-                    self._send(self.buckets[bucket], f"hvd_train.step.{bucket}")
+                    self._send(self.parts[bucket], f"hvd_train.step.{bucket}")
 
-    def _send(self, indices: list[int], name: str, control: torch.Tensor | None = None) -> None:
-        parameters = [self.parameters[i] for i in indices]
-        gradients = [torch.zeros_like(p) if p.grad is None else p.grad for p in parameters]
-        sent, contexts = zip(*map(self.compression.compress, gradients), strict=True)
-        extra = [] if control is None else [control]
-        handle = hvd.grouped_allreduce_async([*sent, *extra], op=hvd.Average, name=name)
-        self.sent.append((indices, handle, contexts))
+    def _send(self, part: torch.Tensor, name: str) -> None:
+        sent = part if self.travel is None else part.to(self.travel)
+        self.sent.append((part, hvd.allreduce_async_(sent, op=hvd.Average, name=name)))
 
     def average(self, control: torch.Tensor) -> torch.Tensor:
         """After the backward passes: sends what is not on its way yet (everything, without
-        overlap), waits, and puts the averages in .grad; returns the averaged control values."""
+        overlap), waits, and leaves the averages in .grad; returns the averaged control values."""
         if self.sending:
-            last = len(self.buckets) - 1
-            for bucket in range(last):
-                if self.waiting[bucket]:  # a gradient this pass left out: sent as zeros
-                    self._send(self.buckets[bucket], f"hvd_train.step.{bucket}")
-            self._send(self.buckets[last], f"hvd_train.step.{last}", control)
+            for bucket, part in enumerate(self.parts):
+                if self.waiting[bucket] or bucket == len(self.parts) - 1:
+                    self._send(part, f"hvd_train.step.{bucket}")
         else:
-            self._send(list(range(len(self.parameters))), "hvd_train.step", control)
+            self._send(self.flat, "hvd_train.step")
         self.watching = self.sending = False
+        control_handle = hvd.allreduce_async_(control, op=hvd.Average, name="hvd_train.control")
         # Taken before waiting: a wait that fails (a rank lost, under the elastic driver) must
         # not leave its handles to the step after the reset, which would wait on them again.
         sent, self.sent = self.sent, []
-        for indices, handle, contexts in sent:
-            averages = hvd.synchronize(handle)
-            for index, average, context in zip(indices, averages, contexts, strict=False):
-                self.parameters[index].grad = self.compression.decompress(average, context)
-        return averages[-1]
+        for part, handle in sent:
+            average = hvd.synchronize(handle)
+            if self.travel is not None:
+                part.copy_(average)
+        return hvd.synchronize(control_handle)
 
 
 class TorchAdapter(Adapter):
@@ -349,8 +380,7 @@ class TorchAdapter(Adapter):
         self.clip_norm = optimizer.gradient_clip_norm
         trainable = self.net.trainable()
         parameters = [p for _, p in trainable]
-        travel = Cast(TRAVEL_DTYPES[horovod.compression], torch.Tensor.to)
-        self.exchange = Exchange(parameters, travel)
+        self.exchange = Exchange(parameters, TRAVEL_DTYPES[horovod.compression], self.device)
         self.overlap_choice = OverlapChoice(horovod.overlap, len(self.exchange.buckets))
         if optimizer.function is None:
             names = [name for name, _ in trainable]
@@ -422,8 +452,8 @@ class TorchAdapter(Adapter):
             scaled = loss if self.scaler is None else self.scaler.scale(loss)
             (scaled / len(batches)).backward()  # the batches' gradients add up in .grad
             losses.append(loss.detach())
-        loss = torch.stack(losses).mean().float().cpu().reshape(1)
-        control = torch.cat([torch.from_numpy(np.asarray(flags, np.float32)), loss])
+        loss = torch.stack(losses).mean().cpu().reshape(1)
+        control = torch.cat([torch.from_numpy(np.asarray(flags, np.float64)), loss.double()])
         computed = time.perf_counter()
         if self.exchanges:
             control = self.exchange.average(control)
@@ -450,7 +480,7 @@ class TorchAdapter(Adapter):
             self.scaler.step(self.optimizer)
             self.scaler.update()
             norm = norm if norm.isfinite() else torch.zeros(())  # a skipped step, not a fault
-        self.optimizer.zero_grad()
+        self.exchange.clear()
         return norm
 
     def local_step(self, batches: list[Batch], seed: int) -> None:
@@ -465,12 +495,11 @@ class TorchAdapter(Adapter):
         for parameter, total in zip(parameters, totals, strict=True):
             parameter.grad = total
         self.optimizer.step()
-        self.optimizer.zero_grad()
+        self.exchange.clear()
 
     def gradient_allreduce(self) -> Callable[[], Any]:
-        dtype = self.exchange.compression.dtype or torch.float32
-        tensors = [torch.zeros(p.shape, dtype=dtype) for _, p in self.net.trainable()]
-        return lambda: hvd.grouped_allreduce(tensors, op=hvd.Average, name="hvd_train.bench")
+        flat = torch.zeros_like(self.exchange.flat, dtype=self.exchange.travel)
+        return lambda: hvd.allreduce_(flat, op=hvd.Average, name="hvd_train.bench")
 
     @torch.no_grad()
     def eval_batch(self, x: Any, y: Any = None) -> tuple[float, np.ndarray]:
