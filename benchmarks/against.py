@@ -15,15 +15,19 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.run import BIN, PYTHON, ROOT, environment, machine
+from hvd_train.api import DEFAULT_RECIPE
 
 FRAMEWORKS = ("torch", "tensorflow")
 
 
 def images_per_second(tree: Path, framework: str) -> float:
-    """One epoch of the default recipe at np=2, run from `tree`."""
+    """One epoch of the default recipe at np=2, run from `tree`, with `tree`'s own recipe file:
+    the editable install maps the packaged recipes to this checkout's, whichever tree runs."""
+    recipe = tree / "recipes" / f"{DEFAULT_RECIPE}.toml"
     with tempfile.TemporaryDirectory() as output:
         command = [str(BIN / "horovodrun"), "-np", "2", "--gloo", PYTHON, "-m", "hvd_train",
-                   "--framework", framework, "--epochs", "1", "--output-dir", output]  # fmt: skip
+                   "--framework", framework, "--recipe", str(recipe), "--epochs", "1",
+                   "--output-dir", output]  # fmt: skip
         done = subprocess.run(command, env=environment(tree), cwd=tree, capture_output=True,
                               text=True, timeout=900)  # fmt: skip
         if done.returncode != 0:
