@@ -141,14 +141,46 @@ def links_checks(figures: dict[str, Any]) -> list[str]:
     system's share of its own limit (hvd_train's local phase; DDP's steps under no_sync)."""
     lines = []
     for row in figures["links"]:
+        rounds = figures["rounds"][f"{row['gbit_s']:g}"]
+        chosen = ", ".join("on" if r["overlapped"] else "off" for r in rounds)
+        faster = ", ".join("on" if r["overlap_on"] >= r["hvd_train_no_overlap"] else "off"
+                           for r in rounds)  # fmt: skip
         auto = ", ".join(f"{share:.2f}" for share in row["auto_vs_best"])
         ours = row["of_limit"]["hvd_train"]
         lines.append(
-            f'- {row["gbit_s"]:g} Gbit/s: "auto" over the faster of overlap on and off, each '
-            f"round: {auto}. Of their own limits: hvd_train torch {ours:.2f} "
-            f"({row['limit']:.1f}), DDP {row['ddp_of_own_limit']:.2f} ({row['ddp_limit']:.1f})."
+            f'- {row["gbit_s"]:g} Gbit/s: "auto" chose overlap {chosen}; the faster of overlap on '
+            f"and off was {faster}; auto over it, each round: {auto}. Of their own limits: "
+            f"hvd_train torch {ours:.2f} ({row['limit']:.1f}), DDP "
+            f"{row['ddp_of_own_limit']:.2f} ({row['ddp_limit']:.1f})."
         )
     return [*lines, ""]
+
+
+def resnet18_copies() -> str:
+    """docs/performance.md's table: the MB each system copies in a ResNet-18 step."""
+    figures = results("links-resnet18")
+    copied = figures["copied_mb_per_step"]
+    names = {"plain": "plain loop, one process", "hvd_train_no_overlap": "hvd_train, overlap off",
+             "hvd_train": "hvd_train, overlap on", "hvd_train_bf16": "hvd_train bf16",
+             "ddp": "torch DDP", "ddp_bf16": "torch DDP, bf16 hook"}  # fmt: skip
+    rows = [[label, f"{copied[name]['torch_mb']:.1f}", f"{copied[name]['horovod_mb']:.1f}",
+             f"{copied[name]['total_mb']:.1f}", f"{copied[name]['exchange_mb']:+.1f}"]
+            for name, label in names.items()]  # fmt: skip
+    head = ["system", "torch", "Horovod", "in all", "over the plain loop"]
+    return "\n".join([
+        f"MB a step, ResNet-18 ({copied['gradient_mb']:.1f} MB of gradients), {when(figures)} "
+        "(`docs/results/links-resnet18.json`):", "", table(head, rows), "",
+    ])  # fmt: skip
+
+
+def tf_flat() -> str:
+    """docs/performance.md's sentence on a flat buffer under TensorFlow."""
+    figures = results("tf-flat")
+    return (
+        f"grouped {figures['grouped_ms']:.1f} ms, flat {figures['flat_ms']:.1f} ms: the flat "
+        f"buffer takes {figures['flat_over_grouped']:.2f}x as long ({when(figures)}, "
+        "`docs/results/tf-flat.json`).\n"
+    )
 
 
 def precision() -> str:
@@ -303,6 +335,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "default-run-accuracy": default_run_accuracy,
     "resnet18-summary": resnet18_summary,
     "resnet18-links": resnet18_links,
+    "resnet18-copies": resnet18_copies,
+    "tf-flat": tf_flat,
     "precision": precision,
     "systems-mnist": systems_mnist,
     "test-times-summary": test_times_summary,
