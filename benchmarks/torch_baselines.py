@@ -57,7 +57,7 @@ def plain_step(recipe):
 
 
 def plain(recipe, train, steps: int) -> float:
-    return measure(plain_step(recipe), train, 0, 1, steps, WARMUP)
+    return measure(plain_step(recipe), train, recipe.schedule.batch_size, 0, 1, steps, WARMUP)
 
 
 def horovod(recipe, train, steps: int) -> float:
