@@ -238,6 +238,9 @@ class ElasticTorchState(ObjectState):
 
 # The dtype each `[horovod] compression` sends gradients as (None: as they are).
 TRAVEL_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Room at the end of the gradients' buffer for a step's control values (its flags, with
+# OverlapChoice's two times, and the loss), which then travel with the last bucket.
+CONTROL_SLOTS = 16
 
 
 def laid_out(values: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
@@ -257,10 +260,10 @@ class Exchange:
     and comes back into the buffer. Without overlap: the whole buffer, after the backward
     passes. With it: each bucket sent from a hook as the last pass finishes its last gradient,
     so its transfer overlaps the rest of the pass, as DDP's buckets do; the bucket the pass
-    finishes last goes after it. The control values travel as float64 in their own allreduce:
-    Horovod fuses only tensors of one dtype, so they never pull the gradients into its fusion
-    buffer. A parameter this rank left without a gradient sends its zeros, as another rank may
-    have one.
+    finishes last goes after it. The control values travel at the buffer's end, after the last
+    bucket, where the buffer travels as float32 or float64; otherwise (compressed, or a model in
+    16 bits) as float64 in an allreduce of their own, as Horovod fuses only tensors of one dtype.
+    A parameter this rank left without a gradient sends its zeros, as another rank may have one.
     """
 
     def __init__(
@@ -275,12 +278,18 @@ class Exchange:
             )
         self.buckets = buckets([p.numel() * p.element_size() for p in parameters])
         dtype = parameters[0].dtype if parameters else torch.float32
-        self.flat = torch.zeros(sum(p.numel() for p in parameters), dtype=dtype, device=device)
+        self.carries_control = travel is None and dtype in (torch.float32, torch.float64)
+        gradients = sum(p.numel() for p in parameters)
+        room = CONTROL_SLOTS if self.carries_control else 0
+        self.flat = torch.zeros(gradients + room, dtype=dtype, device=device)
+        self.control = self.flat[gradients:]
         sizes = [[parameters[index].numel() for index in indices] for indices in self.buckets]
-        self.parts = self.flat.split(list(map(sum, sizes)))  # per bucket, its part of `flat`
+        # Per bucket, its part of `flat`; the last, sent last, with the control values.
+        self.parts = list(self.flat[:gradients].split(list(map(sum, sizes))))
+        self.parts[-1] = self.flat[gradients - self.parts[-1].numel() :]
         views: dict[int, torch.Tensor] = {}
         for indices, part, bucket_sizes in zip(self.buckets, self.parts, sizes, strict=True):
-            views.update(zip(indices, part.split(bucket_sizes), strict=True))
+            views.update(zip(indices, part[: sum(bucket_sizes)].split(bucket_sizes), strict=True))
         self.views = [laid_out(views[index], p) for index, p in enumerate(parameters)]
         self.clear()
         self.watching = self.sending = False  # in the last pass: its buckets counted (sent)
@@ -323,6 +332,12 @@ class Exchange:
     def average(self, control: torch.Tensor) -> torch.Tensor:
         """After the backward passes: sends what is not on its way yet (everything, without
         overlap), waits, and leaves the averages in .grad; returns the averaged control values."""
+        control_handle = None
+        if self.carries_control:
+            assert len(control) <= CONTROL_SLOTS, "more control values than CONTROL_SLOTS"
+            self.control[: len(control)] = control
+        else:
+            control_handle = hvd.allreduce_async_(control, op=hvd.Average, name="hvd_train.control")
         if self.sending:
             for bucket, part in enumerate(self.parts):
                 if self.waiting[bucket] or bucket == len(self.parts) - 1:
@@ -330,7 +345,6 @@ class Exchange:
         else:
             self._send(self.flat, "hvd_train.step")
         self.watching = self.sending = False
-        control_handle = hvd.allreduce_async_(control, op=hvd.Average, name="hvd_train.control")
         # Taken before waiting: a wait that fails (a rank lost, under the elastic driver) must
         # not leave its handles to the step after the reset, which would wait on them again.
         sent, self.sent = self.sent, []
@@ -338,6 +352,8 @@ class Exchange:
             average = hvd.synchronize(handle)
             if self.travel is not None:
                 part.copy_(average)
+        if control_handle is None:
+            return self.control[: len(control)].clone()
         return hvd.synchronize(control_handle)
 
 

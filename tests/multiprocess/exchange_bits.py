@@ -4,8 +4,9 @@ its own tensor, in one group that Horovod copies into its fusion buffer and back
 gradients, in the same order.
 
 usage: exchange_bits.py TRAVEL OVERLAP   (TRAVEL: none, bf16; OVERLAP: 0 or 1)
-Prints `EXCHANGE {json}` on rank 0: how many buckets the model's gradients made, and which
-parameters' averages differ in any bit from the reference's.
+Prints `EXCHANGE {json}` on rank 0: how many buckets the model's gradients made, which
+parameters' averages differ in any bit from the reference's, and whether the control values
+came back averaged (carried in the gradients' buffer, or on their own).
 """
 
 import json
@@ -28,18 +29,24 @@ def main() -> None:
     torch.manual_seed(1 + hvd.rank())
     x, y = torch.randn(32, 700), torch.randint(0, 3, (32,))
     gradients = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), parameters)
-    # The reference: today's exchange before this one, in the flat buffer's order.
+    # The reference: the exchange before this one, in the flat buffer's order, with the
+    # control values last in the group where they travel with the gradients.
     order = [index for bucket in exchange.buckets for index in bucket]
     sent = [gradients[i] if travel is None else gradients[i].to(travel) for i in order]
-    averages = hvd.grouped_allreduce(sent, op=hvd.Average, name="reference")
-    reference = {i: a.to(gradients[i].dtype) for i, a in zip(order, averages, strict=True)}
+    control = torch.arange(7, dtype=torch.float64)  # the flags, two times and the loss
+    tail = [torch.zeros(len(exchange.control))] if exchange.carries_control else []
+    averages = hvd.grouped_allreduce([*sent, *tail], op=hvd.Average, name="reference")
+    reference = {i: a.to(gradients[i].dtype) for i, a in zip(order, averages, strict=False)}
     exchange.watch(send=overlap)
     nn.functional.cross_entropy(model(x), y).backward()
-    exchange.average(torch.zeros(3, dtype=torch.float64))
+    averaged = exchange.average(control * (1 + hvd.rank()))
     differing = [i for i, p in enumerate(parameters) if not torch.equal(p.grad, reference[i])]
     views = all(p.grad is v for p, v in zip(parameters, exchange.views, strict=True))
+    # Rank r sent (1 + r) times the values: their average is exact in float32.
+    control_right = averaged.tolist() == (control * (1 + (hvd.size() - 1) / 2)).tolist()
     if hvd.rank() == 0:
-        record = {"buckets": len(exchange.buckets), "differing": differing, "views": views}
+        record = {"buckets": len(exchange.buckets), "differing": differing, "views": views,
+                  "control": control_right, "carried": exchange.carries_control}  # fmt: skip
         print("EXCHANGE " + json.dumps(record), flush=True)
     hvd.shutdown()
 

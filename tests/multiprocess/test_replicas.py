@@ -147,3 +147,4 @@ def test_gradients_averaged_in_place_match_the_grouped_exchange_bit_for_bit(rank
     record = json.loads(result.stdout.split("EXCHANGE ", 1)[1].splitlines()[0])
     assert record["buckets"] > 1 and record["views"], record
     assert record["differing"] == []
+    assert record["control"] and record["carried"] == (travel == "none")
