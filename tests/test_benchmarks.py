@@ -1,0 +1,28 @@
+"""The benchmarks' one-process baselines run: a benchmark that stops at its first baseline
+measures nothing (benchmarks.run did, on the torch plain loop, until 2026-11-27)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.run import ROOT
+
+
+@pytest.mark.parametrize(
+    "baseline",
+    [
+        pytest.param("benchmarks.torch_baselines", marks=pytest.mark.torch),
+        pytest.param("benchmarks.tf_baselines", marks=pytest.mark.tensorflow),
+    ],
+)
+def test_the_plain_loop_baselines_report_their_speed(baseline, mnist_dir):
+    env = {**os.environ, "HVD_TRAIN_DATA_DIR": str(mnist_dir), "THREADS": "1",
+           "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}  # fmt: skip
+    command = [sys.executable, "-m", baseline, "plain", "mnist_cnn", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert json.loads(line.removeprefix("RESULT "))["images_per_second"] > 0
