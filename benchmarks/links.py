@@ -26,7 +26,9 @@ two hosts share this machine's cores). Each figure is the best of --repeats roun
 ratio the best of the ratios taken within one round. First, on the bare link, `hvd-train bench
 --links` projects each hvd_train torch run's scaling efficiency; the shaped runs check it. The
 bytes each system copies per step, which do not depend on the link, come from
-`benchmarks.copies`, run before everything.
+`benchmarks.copies`, run before everything. Each round also keeps where the torch systems'
+step time went (`parts`: the step, the same step sending nothing, and hvd_train's split into
+passes, the wait for the exchange and the rest).
 `--json` prints one object; otherwise a table.
 """
 
@@ -103,21 +105,36 @@ def ddp(hosts: Hosts, recipe: str, steps: int, mode: str = "ddp") -> dict[str, f
     return figures
 
 
-def round_of(hosts: Hosts, recipe: str, steps: int) -> dict[str, float]:
-    """One round of every system on the link as it is shaped now: images/s by name."""
+def parts(figures: dict[str, Any], global_batch: int) -> dict[str, float]:
+    """Where a step's time went, in ms: the step, and the same step with nothing sent (the
+    limit's). hvd_train's also splits it as its summary does (passes, wait for the exchange,
+    the rest); DDP's is known from its images/s alone (and its no_sync steps')."""
+    if "step_ms" in figures:  # hvd-train bench
+        return {key: figures[key] for key in
+                ("step_ms", "local_step_ms", "t_comp_ms", "t_sync_ms", "t_other_ms")}  # fmt: skip
+    step, local = figures["images_per_second"], figures["local_images_per_second"]
+    return {"step_ms": round(1000 * global_batch / step, 2),
+            "local_step_ms": round(1000 * global_batch / local, 2)}  # fmt: skip
+
+
+def round_of(hosts: Hosts, recipe: str, steps: int) -> dict[str, Any]:
+    """One round of every system on the link as it is shaped now: images/s by name, and where
+    the time of the torch systems' steps went (`parts`)."""
     torch = bench(hosts, recipe, steps, [])
     no_overlap = bench(hosts, recipe, steps, ["--set", "overlap=false"])
     overlap_on = bench(hosts, recipe, steps, ["--set", "overlap=true"])
     bf16 = bench(hosts, recipe, steps, ["--set", "compression=bf16"])
     plain = ddp(hosts, recipe, steps)
+    plain_bf16 = ddp(hosts, recipe, steps, "ddp_bf16")
     tensorflow = bench(hosts, recipe, steps, ["--framework", "tensorflow"])
+    batch = torch["global_batch"]
     return {
         "hvd_train": torch["images_per_second"],
         "hvd_train_no_overlap": no_overlap["images_per_second"],
         "overlap_on": overlap_on["images_per_second"],
         "hvd_train_bf16": bf16["images_per_second"],
         "ddp": plain["images_per_second"],
-        "ddp_bf16": ddp(hosts, recipe, steps, "ddp_bf16")["images_per_second"],
+        "ddp_bf16": plain_bf16["images_per_second"],
         "ddp_limit": plain["local_images_per_second"],
         "tensorflow": tensorflow["images_per_second"],
         "limit": torch["limit_images_per_second"],
@@ -125,7 +142,10 @@ def round_of(hosts: Hosts, recipe: str, steps: int) -> dict[str, float]:
         "efficiency": torch["scaling_efficiency"],
         "efficiency_no_overlap": no_overlap["scaling_efficiency"],
         "overlapped": torch["overlapped"],
-    }
+        "parts": {name: parts(figures, batch) for name, figures in
+                  (("hvd_train", torch), ("hvd_train_no_overlap", no_overlap),
+                   ("hvd_train_bf16", bf16), ("ddp", plain), ("ddp_bf16", plain_bf16))},
+    }  # fmt: skip
 
 
 def summary(gbit: float, rounds: list[dict[str, Any]], bare: dict[str, Any]) -> dict[str, Any]:
