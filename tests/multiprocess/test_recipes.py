@@ -230,7 +230,7 @@ def test_the_text_example_classifies_padded_texts_read_from_parquet(framework, t
     model.load_state_dict(load_file(newest / "model.safetensors"))
     texts, labels = test[np.arange(len(test))]
     with torch.no_grad():
-        guesses = [int(model(torch.from_numpy(t)[None], torch.ones(1, len(t), dtype=torch.bool))
+        guesses = [int(model(torch.tensor(t)[None], torch.ones(1, len(t), dtype=torch.bool))
                        .argmax()) for t in texts["tokens"]]  # fmt: skip
     assert summary["test_accuracy"] == pytest.approx(np.mean(np.array(guesses) == labels))
 
