@@ -119,27 +119,13 @@ def plain_worker(recipe_name: str, steps: int) -> dict[str, float]:
 
 
 def ddp_worker(recipe_name: str, steps: int, bf16: bool) -> dict[str, float]:
-    import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
     from benchmarks.common import batches, setup
-    from benchmarks.torch_baselines import model_and_optimizer, tensors
+    from benchmarks.torch_baselines import ddp_step
 
-    dist.init_process_group("gloo")
     recipe, train = setup(recipe_name)
-    model, optimizer = model_and_optimizer(recipe)
-    model = torch.nn.parallel.DistributedDataParallel(model)
-    if bf16:  # under another name, as benchmarks.torch_baselines registers it
-        model.register_comm_hook(None, lambda state, bucket: bf16_compress_hook(state, bucket))
-
-    def step(x, y):
-        inputs, labels = tensors(x, y)
-        optimizer.zero_grad()
-        F.cross_entropy(model(inputs), labels).backward()
-        optimizer.step()
-
+    _, step = ddp_step(recipe, bf16)
     rank, world = dist.get_rank(), dist.get_world_size()
     taken = list(batches(train, recipe.schedule.batch_size, rank, world, WARMUP + steps))
     copied = torch_copies(step, taken)

@@ -82,16 +82,15 @@ def horovod(recipe, train, steps: int) -> float:
                    WARMUP, barrier)  # fmt: skip
 
 
-def ddp(recipe, train, steps: int, bf16: bool = False) -> tuple[float, float]:
-    """DistributedDataParallel on Gloo, started by torchrun; with `bf16`, each bucket sent as
-    bf16 by torch's own communication hook. Its images/s, and then the same steps under
-    `no_sync` (nothing sent: DDP's own limit, as hvd-train bench's local phase is hvd_train's)."""
+def ddp_step(recipe, bf16: bool):
+    """Gloo's process group, the recipe's model under DistributedDataParallel (its default
+    buckets; with `bf16`, torch's bf16 hook) and its training step."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
     dist.init_process_group("gloo")
     model, optimizer = model_and_optimizer(recipe)
-    model = torch.nn.parallel.DistributedDataParallel(model)  # its default buckets
+    model = torch.nn.parallel.DistributedDataParallel(model)
     if bf16:
         # Under another name: DDP refuses torch's own hook by its name off CUDA and NCCL, though
         # Gloo reduces bfloat16 on CPU.
@@ -102,6 +101,17 @@ def ddp(recipe, train, steps: int, bf16: bool = False) -> tuple[float, float]:
         optimizer.zero_grad()
         F.cross_entropy(model(inputs), labels).backward()
         optimizer.step()
+
+    return model, step
+
+
+def ddp(recipe, train, steps: int, bf16: bool = False) -> tuple[float, float]:
+    """DistributedDataParallel on Gloo, started by torchrun; with `bf16`, each bucket sent as
+    bf16 by torch's own communication hook. Its images/s, and then the same steps under
+    `no_sync` (nothing sent: DDP's own limit, as hvd-train bench's local phase is hvd_train's)."""
+    import torch.distributed as dist
+
+    model, step = ddp_step(recipe, bf16)
 
     def local_step(x, y):
         with model.no_sync():
