@@ -81,6 +81,7 @@ class TorchModule:
 
     def __init__(self, module: nn.Module, autocast: torch.dtype | None) -> None:
         self.module, self.autocast = module, autocast
+        self.mode: bool | None = None  # training, as `forward` last set it
 
     def served(self, mixed: bool) -> Served:
         """The module for export, under autocast as in training if `mixed`."""
@@ -89,10 +90,19 @@ class TorchModule:
         return Served(self.module, channels_first=True)
 
     def forward(self, x: Inputs, training: bool) -> torch.Tensor:
-        """The module's outputs on `x`: a tensor, or named inputs as keyword arguments."""
-        self.module.train(training)
+        """The module's outputs on `x`: a tensor, or named inputs as keyword arguments. The
+        mode is set on the whole module when it changes (and at the first call), and autocast
+        entered only to compute in lower precision: each visits every submodule or device."""
+        if training is not self.mode or training is not self.module.training:
+            self.module.train(training)
+            self.mode = training
         device = next(iter(x.values())) if isinstance(x, dict) else x
-        with torch.autocast(device.device.type, self.autocast, enabled=self.autocast is not None):
+        autocast = (
+            contextlib.nullcontext()
+            if self.autocast is None
+            else torch.autocast(device.device.type, self.autocast)
+        )
+        with autocast:
             if isinstance(x, dict):
                 output: torch.Tensor = self.module(**x)
             else:
@@ -282,10 +292,10 @@ class Exchange:
         gradients = sum(p.numel() for p in parameters)
         room = CONTROL_SLOTS if self.carries_control else 0
         self.flat = torch.zeros(gradients + room, dtype=dtype, device=device)
-        self.control = self.flat[gradients:]
+        self.gradients, self.control = self.flat[:gradients], self.flat[gradients:]
         sizes = [[parameters[index].numel() for index in indices] for indices in self.buckets]
         # Per bucket, its part of `flat`; the last, sent last, with the control values.
-        self.parts = list(self.flat[:gradients].split(list(map(sum, sizes))))
+        self.parts = list(self.gradients.split(list(map(sum, sizes))))
         self.parts[-1] = self.flat[gradients - self.parts[-1].numel() :]
         views: dict[int, torch.Tensor] = {}
         for indices, part, bucket_sizes in zip(self.buckets, self.parts, sizes, strict=True):
@@ -466,17 +476,20 @@ class TorchAdapter(Adapter):
             if index == len(batches) - 1:  # the last pass sends buckets as they fill
                 self.exchange.watch(send=overlap and self.exchanges)
             scaled = loss if self.scaler is None else self.scaler.scale(loss)
-            (scaled / len(batches)).backward()  # the batches' gradients add up in .grad
+            # The batches' gradients add up in .grad, to their mean. (One batch: no division,
+            # whose op and its backward would add to every step's fixed costs.)
+            (scaled if len(batches) == 1 else scaled / len(batches)).backward()
             losses.append(loss.detach())
-        loss = torch.stack(losses).mean().cpu().reshape(1)
-        control = torch.cat([torch.from_numpy(np.asarray(flags, np.float64)), loss.double()])
+        mean = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+        control = torch.from_numpy(np.append(np.asarray(flags, np.float64), float(mean)))
         computed = time.perf_counter()
         if self.exchanges:
             control = self.exchange.average(control)
         synced = time.perf_counter()
         norm = self._update(learning_rate)
         hide = computed - (self.exchange.first_full or computed)
-        return StepResult(float(control[-1]), float(norm), control[:-1].numpy() * self.world_size,
+        values = control.cpu().numpy()
+        return StepResult(float(values[-1]), float(norm), values[:-1] * self.world_size,
                           computed - started, synced - computed, hide)  # fmt: skip
 
     def _update(self, learning_rate: float) -> torch.Tensor:
@@ -487,7 +500,7 @@ class TorchAdapter(Adapter):
         parameters = self.exchange.parameters
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        norm = nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+        norm = torch.linalg.vector_norm(self.exchange.gradients)  # every .grad: one reduction
         if self.clip_norm:
             nn.utils.clip_grads_with_norm_(parameters, self.clip_norm, norm)
         if self.scaler is None:

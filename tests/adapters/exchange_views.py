@@ -31,6 +31,10 @@ def gradients_are_views_of_one_buffer_in_the_parameters_layout(layout) -> None:
         assert parameter.grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
         assert parameter.grad.stride() == parameter.stride()
         torch.testing.assert_close(parameter.grad, 2 * gradient, rtol=1e-6, atol=1e-7)
+    # `gradients`, whose norm the adapter reports, holds every .grad and no control value.
+    exchange.control.fill_(1e3)
+    every = nn.utils.get_total_norm([p.grad for p in parameters])
+    torch.testing.assert_close(torch.linalg.vector_norm(exchange.gradients), every)
     exchange.clear()
     assert not flat.any()
     assert all(p.grad is v for p, v in zip(parameters, exchange.views, strict=True))
