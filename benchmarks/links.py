@@ -148,6 +148,15 @@ def round_of(hosts: Hosts, recipe: str, steps: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def chosen_vs_best(figures: dict[str, Any]) -> float:
+    """The setting "auto" chose in a round, by that setting's own run, over the faster of
+    overlap on and off: whether it chose right. Auto decides during the warm-up, so its timed
+    steps run that setting, and its own figure differs from it only by the noise between two
+    runs of one configuration."""
+    chosen = figures["overlap_on" if figures["overlapped"] else "hvd_train_no_overlap"]
+    return round(chosen / max(figures["hvd_train_no_overlap"], figures["overlap_on"]), 3)
+
+
 def summary(gbit: float, rounds: list[dict[str, Any]], bare: dict[str, Any]) -> dict[str, Any]:
     """The best of the rounds at one link speed, with each system's best ratio to its limit."""
     row: dict[str, Any] = {"gbit_s": gbit}
@@ -164,6 +173,7 @@ def summary(gbit: float, rounds: list[dict[str, Any]], bare: dict[str, Any]) -> 
         round(f["hvd_train"] / max(f["hvd_train"], f["hvd_train_no_overlap"], f["overlap_on"]), 3)
         for f in rounds
     ]
+    row["chosen_vs_best"] = [chosen_vs_best(f) for f in rounds]
     row["overlapped"] = [f["overlapped"] for f in rounds]
     row["projected"] = {
         name: round(projected_efficiency(bare[name], 2, gbit), 3)

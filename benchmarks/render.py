@@ -139,6 +139,8 @@ def resnet18_links() -> str:
 def links_checks(figures: dict[str, Any]) -> list[str]:
     """Under the table: "auto" against the faster of overlap on and off in each round, and each
     system's share of its own limit (hvd_train's local phase; DDP's steps under no_sync)."""
+    from benchmarks import links  # only here: the other pages need none of its imports
+
     lines = []
     for row in figures["links"]:
         rounds = figures["rounds"][f"{row['gbit_s']:g}"]
@@ -146,10 +148,12 @@ def links_checks(figures: dict[str, Any]) -> list[str]:
         faster = ", ".join("on" if r["overlap_on"] >= r["hvd_train_no_overlap"] else "off"
                            for r in rounds)  # fmt: skip
         auto = ", ".join(f"{share:.2f}" for share in row["auto_vs_best"])
+        picked = ", ".join(f"{links.chosen_vs_best(r):.2f}" for r in rounds)
         ours = row["of_limit"]["hvd_train"]
         lines.append(
             f'- {row["gbit_s"]:g} Gbit/s: "auto" chose overlap {chosen}; the faster of overlap on '
-            f"and off was {faster}; auto over it, each round: {auto}. Of their own limits: "
+            f"and off was {faster}; the chosen setting's run over the faster, each round: "
+            f"{picked} (auto's own run: {auto}). Of their own limits: "
             f"hvd_train torch {ours:.2f} ({row['limit']:.1f}), DDP "
             f"{row['ddp_of_own_limit']:.2f} ({row['ddp_limit']:.1f})."
         )
