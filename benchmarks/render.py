@@ -139,8 +139,6 @@ def resnet18_links() -> str:
 def links_checks(figures: dict[str, Any]) -> list[str]:
     """Under the table: "auto" against the faster of overlap on and off in each round, and each
     system's share of its own limit (hvd_train's local phase; DDP's steps under no_sync)."""
-    from benchmarks import links  # only here: the other pages need none of its imports
-
     lines = []
     for row in figures["links"]:
         rounds = figures["rounds"][f"{row['gbit_s']:g}"]
@@ -148,7 +146,7 @@ def links_checks(figures: dict[str, Any]) -> list[str]:
         faster = ", ".join("on" if r["overlap_on"] >= r["hvd_train_no_overlap"] else "off"
                            for r in rounds)  # fmt: skip
         auto = ", ".join(f"{share:.2f}" for share in row["auto_vs_best"])
-        picked = ", ".join(f"{links.chosen_vs_best(r):.2f}" for r in rounds)
+        picked = ", ".join(f"{share:.2f}" for share in row["chosen_vs_best"])
         ours = row["of_limit"]["hvd_train"]
         lines.append(
             f'- {row["gbit_s"]:g} Gbit/s: "auto" chose overlap {chosen}; the faster of overlap on '

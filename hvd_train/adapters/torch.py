@@ -81,7 +81,7 @@ class TorchModule:
 
     def __init__(self, module: nn.Module, autocast: torch.dtype | None) -> None:
         self.module, self.autocast = module, autocast
-        self.mode: bool | None = None  # training, as `forward` last set it
+        module.train()  # every part in one mode, so that `forward` can read the module's own
 
     def served(self, mixed: bool) -> Served:
         """The module for export, under autocast as in training if `mixed`."""
@@ -91,11 +91,10 @@ class TorchModule:
 
     def forward(self, x: Inputs, training: bool) -> torch.Tensor:
         """The module's outputs on `x`: a tensor, or named inputs as keyword arguments. The
-        mode is set on the whole module when it changes (and at the first call), and autocast
-        entered only to compute in lower precision: each visits every submodule or device."""
-        if training is not self.mode or training is not self.module.training:
+        mode is set on the whole module when it changes, and autocast entered only to compute
+        in lower precision: each visits every submodule or device."""
+        if training is not self.module.training:
             self.module.train(training)
-            self.mode = training
         device = next(iter(x.values())) if isinstance(x, dict) else x
         autocast = (
             contextlib.nullcontext()

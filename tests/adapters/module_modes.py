@@ -29,7 +29,7 @@ def modes(module: nn.Module) -> set[bool]:
 if __name__ == "__main__":
     net = TorchModule(Frozen(), autocast=None)
     x = torch.ones(3, 4)
-    net.forward(x, training=True)  # the first pass sets the mode, as every pass once did
+    net.forward(x, training=True)  # the whole module trains, as when every pass set the mode
     assert modes(net.module) == {True}, "the first training pass left a part in eval mode"
     net.forward(x, training=False)
     assert modes(net.module) == {False}
