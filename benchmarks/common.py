@@ -14,7 +14,7 @@ import numpy as np
 
 from hvd_train.data import load_data, take
 from hvd_train.recipe import Recipe, load_recipe
-from hvd_train.run import open_run
+from hvd_train.training.run import open_run
 
 
 def setup(recipe_name: str) -> tuple[Recipe, object]:

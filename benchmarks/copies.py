@@ -92,7 +92,7 @@ def hvd_train_worker(recipe_name: str, steps: int, overrides: list[str]) -> dict
     from benchmarks.common import batches
     from hvd_train.commands.bench import bench_recipe
     from hvd_train.data import load_data
-    from hvd_train.run import open_run
+    from hvd_train.training.run import open_run
 
     settings = dict(setting.split("=", 1) for setting in overrides)
     settings = {key: json.loads(value) for key, value in settings.items()}

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from benchmarks.common import alternate, measure, report, setup
 from hvd_train.builders.keras_models import build_neutral
-from hvd_train.run import may_overlap
+from hvd_train.training.run import may_overlap
 
 WARMUP = 10
 

@@ -42,7 +42,7 @@ def best_milliseconds(function, tensors: list[Any], repeats: int) -> float:
 
 def worker(recipe_name: str, repeats: int) -> None:
     from hvd_train.recipe import load_recipe
-    from hvd_train.run import open_run
+    from hvd_train.training.run import open_run
 
     # The adapter first: it sets TensorFlow's environment before TensorFlow loads.
     run = open_run("tensorflow", load_recipe(recipe_name), seed=0)

@@ -10,7 +10,6 @@ In a Python recipe or a notebook:
 from hvd_train.api import train
 from hvd_train.callbacks import Callback, State
 from hvd_train.launching import launch
-from hvd_train.layers import Layer
 from hvd_train.recipe import (
     Checkpoints,
     Data,
@@ -21,6 +20,7 @@ from hvd_train.recipe import (
     Recipe,
     Schedule,
 )
+from hvd_train.recipe.layers import Layer
 from hvd_train.version import __version__
 
 __all__ = [

@@ -17,16 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvd_train.adapters import Adapter, Elastic
 from hvd_train.checkpoint import BEST, Checkpoint, checkpoints, remove_partial
+from hvd_train.commands.plot import plot_runs
 from hvd_train.data import Splits, load_data, with_validation
+from hvd_train.distributed.backends import Adapter, Elastic
+from hvd_train.distributed.frameworks import DEFAULT_FRAMEWORK, import_quietly, use_framework
 from hvd_train.errors import UsageError
-from hvd_train.evaluation import check_outputs_fit
-from hvd_train.frameworks import DEFAULT_FRAMEWORK, import_quietly, use_framework
-from hvd_train.metrics import MetricsWriter, write_summary
 from hvd_train.options import RunOptions
-from hvd_train.plot import plot_runs
-from hvd_train.position import Position
 from hvd_train.recipe import Recipe, is_python_reference, load_recipe
 from hvd_train.resume import (
     check_same_run,
@@ -35,10 +32,13 @@ from hvd_train.resume import (
     saved_framework,
     saved_recipe,
 )
-from hvd_train.run import Run, open_run, start
-from hvd_train.snapshots import Snapshots
-from hvd_train.trackers import Trackers
-from hvd_train.trainer import Trainer
+from hvd_train.training.evaluation import check_outputs_fit
+from hvd_train.training.metrics import MetricsWriter, write_summary
+from hvd_train.training.position import Position
+from hvd_train.training.run import Run, open_run, start
+from hvd_train.training.snapshots import Snapshots
+from hvd_train.training.trackers import Trackers
+from hvd_train.training.trainer import Trainer
 from hvd_train.version import __version__
 
 DEFAULT_RECIPE, DEFAULT_SEED = "mnist_cnn", 42

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from hvd_train.errors import UsageError
-from hvd_train.layers import Arrays
 
+Arrays = dict[str, np.ndarray]  # weights (or optimizer state) by name
 MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.safetensors"
 STATE_FILE, RECIPE_FILE = "state.json", "recipe.toml"
 CHECKSUMMED = (MODEL_FILE, OPTIMIZER_FILE, RECIPE_FILE)

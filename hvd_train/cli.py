@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hvd_train.distributed.frameworks import DEFAULT_FRAMEWORK, EXPORT_FORMATS, FRAMEWORKS
 from hvd_train.errors import DataStalled, ReplicasDiverged, Stopped, UsageError, reported_here
-from hvd_train.frameworks import DEFAULT_FRAMEWORK, EXPORT_FORMATS, FRAMEWORKS
 from hvd_train.launching import BACKENDS
 from hvd_train.options import TRAIN_OPTIONS, add_arguments
-from hvd_train.rules import Rule
+from hvd_train.recipe.rules import Rule
 from hvd_train.version import __version__
 
 
@@ -272,7 +272,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_launch(args: argparse.Namespace) -> int:
     from hvd_train.launching import launch
-    from hvd_train.scoring import describe, evaluation_figures
+    from hvd_train.recipe.scoring import describe, evaluation_figures
 
     summary = launch(args.recipe, args.np, args.framework, backend=args.backend,
                      hosts=args.hosts, address=args.address,
@@ -315,7 +315,7 @@ def run_write_records(args: argparse.Namespace) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     from hvd_train.commands.evaluate import evaluate_checkpoint
-    from hvd_train.scoring import describe, evaluation_figures
+    from hvd_train.recipe.scoring import describe, evaluation_figures
 
     framework = args.framework or DEFAULT_FRAMEWORK
     result = evaluate_checkpoint(args.checkpoint, framework, args.data_dir, args.recipe)
@@ -373,7 +373,7 @@ def run_k8s(args: argparse.Namespace) -> int:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from hvd_train.plot import plot_runs
+    from hvd_train.commands.plot import plot_runs
 
     plot_runs(args.runs, args.output)
     print(f"wrote {args.output}")

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from hvd_train.errors import UsageError
-from hvd_train.rules import Rule
-from hvd_train.trackers import checked_trackers
+from hvd_train.recipe.rules import Rule
+from hvd_train.training.trackers import checked_trackers
 
 POSITIVE = Rule(int, positive=True)
 

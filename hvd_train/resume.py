@@ -12,22 +12,22 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from hvd_train.adapters import Adapter
 from hvd_train.checkpoint import (
     BEST,
+    Arrays,
     Checkpoint,
     best_checkpoint,
     checkpoints,
     load_checkpoint,
     load_newest_valid,
 )
+from hvd_train.distributed.backends import Adapter
+from hvd_train.distributed.frameworks import FRAMEWORKS
 from hvd_train.errors import UsageError
-from hvd_train.frameworks import FRAMEWORKS
-from hvd_train.layers import Arrays
-from hvd_train.position import Position
 from hvd_train.recipe import Recipe, load_recipe
 from hvd_train.recipe.settings import PYTHON_FUNCTION
 from hvd_train.recipe.toml import parse_toml_recipe
+from hvd_train.training.position import Position
 
 # What a resumed run may change: how batches are read never changes what they hold, nor where
 # the records go.

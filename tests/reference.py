@@ -3,7 +3,7 @@
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from hvd_train.layers import Layer, same_padding
+from hvd_train.recipe.layers import Layer, same_padding
 
 
 def _conv(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, params: dict) -> np.ndarray:

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from hvd_train.checkpoint import save_checkpoint
-from hvd_train.layers import neutral_weight_shapes
 from hvd_train.recipe import load_recipe
+from hvd_train.recipe.layers import neutral_weight_shapes
 from hvd_train.recipe.toml import recipe_toml
 from tests.conftest import FRAMEWORKS, REPO
 from tests.helpers import hvd_train

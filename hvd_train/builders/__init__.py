@@ -1,8 +1,8 @@
 """Where a recipe's model comes from, and how checkpoints hold its weights.
 
 A model is the neutral layer list built by the framework's builder (`torch_layers`,
-`keras_models`, named in `hvd_train/frameworks.py`), or the recipe's own function for torch or
-Keras, checked by the builder of its kind. Its `Layout` converts between
+`keras_models`, named in `hvd_train/distributed/frameworks.py`), or the recipe's own function
+for torch or Keras, checked by the builder of its kind. Its `Layout` converts between
 the weights as the adapter gives them (the framework's own names and shapes) and as a checkpoint
 keeps them: "neutral" (moves between frameworks), "torch" (a state_dict) or "keras" (Keras's
 weights by index). Adapters never see a recipe or a layout.
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from hvd_train.checkpoint import Arrays
+from hvd_train.distributed.frameworks import builder_of, framework_named
 from hvd_train.errors import UsageError
-from hvd_train.frameworks import builder_of, framework_named
-from hvd_train.layers import Arrays
 from hvd_train.recipe import Data, Recipe
 
 

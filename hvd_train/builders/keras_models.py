@@ -18,8 +18,8 @@ import numpy as np
 
 from hvd_train.builders import Built, Layout, model_type_error
 from hvd_train.errors import UsageError
-from hvd_train.layers import Layer, Shape
 from hvd_train.recipe import Recipe
+from hvd_train.recipe.layers import Layer, Shape
 
 SEED_STATE = "seed_generator_state"
 

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hvd_train.builders import Built, Layout, model_type_error
-from hvd_train.layers import Arrays, Layer, Shape, input_shapes, same_padding
+from hvd_train.checkpoint import Arrays
 from hvd_train.recipe import Recipe
+from hvd_train.recipe.layers import Layer, Shape, input_shapes, same_padding
 
 # torch's name of a tensor -> the neutral name, by layer type.
 NEUTRAL_NAMES = {

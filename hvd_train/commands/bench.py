@@ -26,14 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.adapters import Adapter
 from hvd_train.api import DEFAULT_RECIPE, resolve_recipe, with_overrides
 from hvd_train.data import Splits, load_data
 from hvd_train.data.pipeline import augmentation, read_ahead, workers_for
 from hvd_train.data.sharding import epoch_order, shard_steps
+from hvd_train.distributed.backends import Adapter
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Data, Recipe
-from hvd_train.run import open_run, start
+from hvd_train.training.run import open_run, start
 
 ALLREDUCE_REPEATS = 20
 PROJECTED_HOSTS = (2, 4, 8, 16, 32, 64)

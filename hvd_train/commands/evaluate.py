@@ -8,9 +8,9 @@ from typing import Any
 from hvd_train.checkpoint import Checkpoint, load_checkpoint, resolve_checkpoint
 from hvd_train.data import load_data
 from hvd_train.errors import UsageError
-from hvd_train.evaluation import check_outputs_fit, evaluate
 from hvd_train.resume import saved_recipe
-from hvd_train.run import open_run, start
+from hvd_train.training.evaluation import check_outputs_fit, evaluate
+from hvd_train.training.run import open_run, start
 
 
 def read_checkpoint(path: Path) -> Checkpoint:

@@ -12,10 +12,10 @@ import numpy as np
 
 from hvd_train.commands.evaluate import read_checkpoint
 from hvd_train.data import load_data, take
+from hvd_train.distributed.frameworks import EXPORT_FORMATS
 from hvd_train.errors import UsageError
-from hvd_train.frameworks import EXPORT_FORMATS
 from hvd_train.resume import saved_recipe
-from hvd_train.run import open_run, start
+from hvd_train.training.run import open_run, start
 
 EXAMPLES = 8  # test examples the export is checked on, loaded back
 # How far a reloaded export's outputs may be from the model's: the same weights, run by

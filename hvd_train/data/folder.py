@@ -16,13 +16,15 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hvd_train.data.base import Splits
 from hvd_train.errors import UsageError
-from hvd_train.recipe.settings import Data
+
+if TYPE_CHECKING:
+    from hvd_train.recipe.settings import Data
 
 SUFFIXES = (".png", ".jpg", ".jpeg")
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hvd_train.data.base import ArrayDataset, Splits
 from hvd_train.errors import UsageError
-from hvd_train.recipe.settings import Data
+
+if TYPE_CHECKING:
+    from hvd_train.recipe.settings import Data
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 

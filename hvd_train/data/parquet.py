@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +30,9 @@ import pyarrow.parquet as pq
 from hvd_train.data.base import Splits, cache_root, located
 from hvd_train.data.folder import decode_images
 from hvd_train.errors import UsageError
-from hvd_train.recipe.settings import Data
+
+if TYPE_CHECKING:
+    from hvd_train.recipe.settings import Data
 
 FIX = "fix or remove that row"
 

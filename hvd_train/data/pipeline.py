@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from hvd_train.data.base import ArrayDataset, Dataset, on_disk, take
+from hvd_train.data.transforms import Transforms, apply
 from hvd_train.errors import DataStalled
-from hvd_train.recipe.settings import Loading
-from hvd_train.transforms import Transforms, apply
 
 SWITCH_INTERVAL_S = 0.0005
+DEFAULT_TIMEOUT = 300.0  # seconds without a batch before a source counts as hung
 Step = list[np.ndarray]  # a step's batches of indices, one per backward pass
 Taken = list[tuple[Any, Any]]  # the step's batches, taken
 
@@ -46,7 +46,7 @@ Augment = Callable[[Any, np.ndarray], Any]  # a batch's inputs and its examples 
 
 def read_ahead(
     dataset: Dataset, steps: Sequence[Step], workers: int, prefetch: int,
-    augment: Augment | None = None, timeout: float = Loading.timeout,
+    augment: Augment | None = None, timeout: float = DEFAULT_TIMEOUT,
 ) -> Generator[Taken, None, None]:  # fmt: skip
     """The steps' batches, taken (and their inputs augmented), in order: in the caller's thread
     when `workers` is 0, else by `workers` threads up to `prefetch` steps ahead. Closing the

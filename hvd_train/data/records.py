@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from safetensors.numpy import load as load_example
@@ -20,7 +20,9 @@ from tqdm import tqdm
 
 from hvd_train.data.base import Dataset, Splits, located, take
 from hvd_train.errors import UsageError
-from hvd_train.recipe.settings import Data
+
+if TYPE_CHECKING:
+    from hvd_train.recipe.settings import Data
 
 SUFFIX = ".array_record"
 SHARD_SIZE = 10_000  # examples per shard

@@ -8,11 +8,14 @@ indices. A model can learn it to nearly 100%, so it serves both benchmarks and t
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hvd_train.data.base import Splits
-from hvd_train.recipe.settings import Data
+
+if TYPE_CHECKING:
+    from hvd_train.recipe.settings import Data
 
 TEST_OFFSET = 1 << 40  # test examples are numbered after every possible training example
 NOISE_SCALE = math.sqrt(3.0)  # uniform noise in [-sqrt 3, sqrt 3): variance 1

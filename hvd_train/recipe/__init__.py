@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from importlib import resources
 
-from hvd_train.layers import Layer
 from hvd_train.recipe.base import Recipe
+from hvd_train.recipe.layers import Layer
 from hvd_train.recipe.python import is_python_reference, load_python_recipe
 from hvd_train.recipe.settings import (
     Checkpoints,

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvd_train.callbacks import Callback
+from hvd_train.data.transforms import Transforms, parse_transforms
+from hvd_train.distributed.frameworks import FRAMEWORKS, OWN_MODELS, framework_named
 from hvd_train.errors import UsageError
-from hvd_train.frameworks import FRAMEWORKS, OWN_MODELS, framework_named
-from hvd_train.layers import Layer, checked_layers
+from hvd_train.recipe.layers import Layer, checked_layers
+from hvd_train.recipe.scoring import BUILT_IN, NAME, Metric, metric_name
 from hvd_train.recipe.settings import (
     KEY_SECTIONS,
     LOADING_KEYS,
@@ -33,8 +35,6 @@ from hvd_train.recipe.settings import (
     Schedule,
     Settings,
 )
-from hvd_train.scoring import BUILT_IN, NAME, Metric, metric_name
-from hvd_train.transforms import Transforms, parse_transforms
 
 
 def checked_callbacks(callbacks: Any) -> tuple[Callback, ...]:

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from hvd_train.data.pipeline import DEFAULT_TIMEOUT
+from hvd_train.data.sources import SOURCES, checked_source_keys
+from hvd_train.data.transforms import parse_transforms
 from hvd_train.errors import UsageError
-from hvd_train.rules import Rule
-from hvd_train.schedule import parse_decay
-from hvd_train.transforms import parse_transforms
+from hvd_train.recipe.learning_rate import parse_decay
+from hvd_train.recipe.rules import Rule
 
-DATASETS = ("mnist", "npz", "folder", "parquet", "records", "synthetic")
 LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 LR_SCALING = ("linear", "sqrt", "none")
@@ -32,7 +33,6 @@ LOSS_SCALED = "fp16-mixed"
 # RMSprop's epsilon (added to the root of the squared-gradient average), and RMSprop's decay of
 # that average (torch's alpha, Keras's rho).
 EPSILON, RMSPROP_DECAY = 1e-8, 0.99
-MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10
 # Early stopping's keys and defaults: stop when `monitor` has not improved by more than
 # `min_delta` (down with mode "min", up with "max") over `patience` evaluations.
 EARLY_STOPPING = {"monitor": "val_loss", "patience": 3, "mode": "min", "min_delta": 0.0}
@@ -80,10 +80,11 @@ class Data(Settings):
     relative to the recipe); `folder`, images in one folder per class under `path`/train and
     `path`/test (`resize`: to `input_shape`); `parquet`, tables of the `input` and `label`
     columns in the `train*.parquet` and `test*.parquet` files of `path`; `records`, ArrayRecord
-    shards in `path` (`hvd-train write-records`); or `synthetic`, generated on the fly."""
+    shards in `path` (`hvd-train write-records`); or `synthetic`, generated on the fly. Which
+    source reads which key: `data/sources.py`."""
 
     section = "data"
-    dataset: str = setting(kind=str, choices=DATASETS)
+    dataset: str = setting(kind=str, choices=tuple(SOURCES))
     input_shape: tuple[int, int, int] | None = None  # height, width, channels
     num_classes: int | None = setting(None, kind=int, positive=True)
     path: str | None = setting(None, kind=str)
@@ -92,7 +93,7 @@ class Data(Settings):
     resize: bool | None = setting(None, kind=bool)
     input: str | None = setting(None, kind=str)  # parquet: the column of images
     label: str | None = setting(None, kind=str)  # parquet: the column of class labels
-    transforms: tuple[Any, ...] | None = None  # tables: hvd_train/transforms.py
+    transforms: tuple[Any, ...] | None = None  # tables: hvd_train/data/transforms.py
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -112,76 +113,11 @@ class Data(Settings):
                     "input_shape", "expected [height, width, channels], three positive integers"
                 )
             object.__setattr__(self, "input_shape", tuple(shape))
-        if self.dataset != "parquet":
-            self._only_for("parquet", "input", "label")
-        getattr(self, f"_check_{self.dataset}")()
-
-    def _only_for(self, datasets: str, *keys: str) -> None:
-        """Refuses `keys` given for another dataset than `datasets` ("npz" or "npz folder")."""
-        *others, last = (repr(name) for name in datasets.split())
-        named = f"{', '.join(others)} or {last}" if others else last
-        for key in keys:
-            if getattr(self, key) is not None:
-                raise self.fail(key, f"only used with dataset = {named}; remove it")
-
-    def _check_mnist(self) -> None:
-        self._only_for("npz folder parquet records", "path")
-        self._only_for("synthetic", "train_samples", "test_samples")
-        self._only_for("folder parquet", "resize")
-        fixed: dict[str, Any] = {"input_shape": MNIST_SHAPE, "num_classes": MNIST_CLASSES}
-        for key, value in fixed.items():
-            if getattr(self, key) not in (None, value):
-                shown = list(value) if isinstance(value, tuple) else value
-                raise self.fail(key, f"MNIST's is {shown}; leave it out or give that")
-        object.__setattr__(self, "input_shape", MNIST_SHAPE)
-        object.__setattr__(self, "num_classes", MNIST_CLASSES)
-
-    def _check_npz(self) -> None:
-        self._only_for("synthetic", "train_samples", "test_samples")
-        self._only_for("folder parquet", "resize")
-        for key in ("path", "input_shape", "num_classes"):
-            if getattr(self, key) is None:
-                raise self.fail(key, "missing; npz data needs it (the file is checked against it)")
-
-    def _check_records(self) -> None:
-        self._only_for("synthetic", "train_samples", "test_samples")
-        self._only_for("folder parquet", "resize")
-        for key in ("path", "input_shape", "num_classes"):
-            if getattr(self, key) is None:
-                raise self.fail(key, "missing; records need it (the shards are checked against "
-                                "it)")  # fmt: skip
-
-    def _check_folder(self) -> None:
-        self._only_for("synthetic", "train_samples", "test_samples")
-        self._check_images()
-
-    def _check_parquet(self) -> None:
-        self._only_for("synthetic", "train_samples", "test_samples")
-        self._check_images()
-        for key, default in (("input", "image"), ("label", "label")):  # Hugging Face's names
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, default)
-
-    def _check_images(self) -> None:
-        """What folder and parquet data need: the images' shape and classes are given."""
-        for key in ("path", "input_shape", "num_classes"):
-            if getattr(self, key) is None:
-                raise self.fail(key, f"missing; {self.dataset} data needs it (the images are "
-                                "checked against it)")  # fmt: skip
-        if self.input_shape[2] not in (1, 3):  # type: ignore[index]
-            raise self.fail("input_shape", f"{self.dataset} images have 1 channel (grey) or 3 "
-                            "(RGB)")  # fmt: skip
-        if self.resize is None:
-            object.__setattr__(self, "resize", False)
-
-    def _check_synthetic(self) -> None:
-        self._only_for("npz folder parquet records", "path")
-        self._only_for("folder parquet", "resize")
-        defaults = {"input_shape": MNIST_SHAPE, "num_classes": MNIST_CLASSES,
-                    "train_samples": 60000, "test_samples": 10000}  # fmt: skip
-        for key, default in defaults.items():
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, default)
+        for key, value in checked_source_keys(self).items():
+            object.__setattr__(self, key, value)
+        check = SOURCES[self.dataset].check
+        if check is not None:
+            check(self)
 
 
 @dataclass(frozen=True)
@@ -268,7 +204,7 @@ class Schedule(Settings):
     batch_size: int = setting(64, kind=int, positive=True)  # per rank
     lr_scaling: str = setting("linear", kind=str, choices=LR_SCALING)
     warmup_epochs: float = setting(0.0, kind=float, minimum=0.0)
-    decay: Any = "none"  # a name, a table or a function: hvd_train/schedule.py
+    decay: Any = "none"  # a name, a table or a function: hvd_train/recipe/learning_rate.py
     # Mixed precision: the passes compute in bf16 or fp16, the weights stay fp32.
     precision: str = setting("fp32", kind=str, choices=PRECISIONS)
     evaluate_every: int = setting(0, kind=int, minimum=0)  # steps; 0: at each epoch's end
@@ -339,7 +275,7 @@ class Loading(Settings):
     section = "data"
     workers: int | str = "auto"
     prefetch: int = setting(2, kind=int, positive=True)
-    timeout: float = setting(300.0, kind=float, positive=True)
+    timeout: float = setting(DEFAULT_TIMEOUT, kind=float, positive=True)
     validation_fraction: float = setting(0.0, kind=float, minimum=0.0, below=1.0)
 
     def __post_init__(self) -> None:
@@ -375,7 +311,7 @@ class Output(Settings):
     trackers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        from hvd_train.trackers import checked_trackers
+        from hvd_train.training.trackers import checked_trackers
 
         object.__setattr__(self, "trackers", checked_trackers(self.trackers, "output.trackers"))
 

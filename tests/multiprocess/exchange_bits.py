@@ -16,7 +16,7 @@ import horovod.torch as hvd
 import torch
 from torch import nn
 
-from hvd_train.adapters.torch import TRAVEL_DTYPES, Exchange
+from hvd_train.distributed.torch import TRAVEL_DTYPES, Exchange
 
 
 def main() -> None:

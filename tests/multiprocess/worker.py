@@ -14,9 +14,9 @@ import numpy as np
 
 from hvd_train.data import load_data, take
 from hvd_train.data.sharding import epoch_order, shard_steps
-from hvd_train.frameworks import use_framework
+from hvd_train.distributed.frameworks import use_framework
 from hvd_train.recipe import load_recipe
-from hvd_train.run import open_run, start
+from hvd_train.training.run import open_run, start
 
 framework, reference, data_dir, out_dir, steps = sys.argv[1:6]
 overrides = dict(item.split("=", 1) for item in sys.argv[6:])

@@ -125,7 +125,7 @@ def test_a_relative_npz_path_is_taken_from_the_recipes_folder():
          "model.layers[0]: conv2d does not fit its input"),
         ('{ type = "flatten" },', "", "model.layers[6]: dense needs a flat input; add a flatten"),
         ("input_shape = [28, 28, 1]", "input_shape = [28, 28, 3]",
-         "data.input_shape: MNIST's is [28, 28, 1]; leave it out or give that"),
+         "data.input_shape: mnist data has [28, 28, 1]; leave it out or give that"),
         ('dataset = "mnist"', 'dataset = "npz"', "data.path: missing; npz data needs it"),
         ("[horovod]", "[horovd]", "horovd: unknown table or key"),
         ("[data]", "[dat]", "dat: unknown table or key"),

@@ -1,0 +1,1 @@
+"""Horovod under each framework: the registry of frameworks and their backends."""

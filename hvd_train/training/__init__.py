@@ -1,0 +1,1 @@
+"""The framework-neutral training loop, its observers and what it records."""

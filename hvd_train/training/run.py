@@ -1,0 +1,73 @@
+"""The start of every run (training, eval, bench, the benchmarks and the tests): the framework's
+adapter with Horovod initialised, then the recipe's model built and handed to it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hvd_train.builders import Layout, build_model
+from hvd_train.checkpoint import Arrays, Checkpoint
+from hvd_train.distributed.backend import buckets
+from hvd_train.distributed.backends import Adapter, create_adapter
+from hvd_train.recipe import Recipe
+from hvd_train.recipe.layers import trained_weight_shapes
+from hvd_train.recipe.settings import Data, Optimizer
+from hvd_train.resume import check_layout, check_weights_fit
+
+
+def start(framework: str, recipe: Recipe | None = None) -> Adapter:
+    """`framework`'s adapter, with Horovod initialised and this process pinned to its device;
+    `recipe`, where it is known this early, tells whether its step may overlap the exchange."""
+    adapter = create_adapter(framework)
+    adapter.init(may_overlap=recipe is None or may_overlap(recipe))
+    return adapter
+
+
+def may_overlap(recipe: Recipe) -> bool:
+    """Whether `recipe`'s gradients may travel while the backward pass goes on: not with
+    overlap off, nor where a neutral model's gradients fill one bucket (which goes after the
+    pass either way). A Python recipe's model is known only once it is built: it may."""
+    if recipe.horovod.overlap is False:
+        return False
+    if not recipe.layers:
+        return True
+    assert isinstance(recipe.data, Data) and recipe.data.input_shape  # checked with the layers
+    shapes = trained_weight_shapes(recipe.layers, recipe.data.input_shape)
+    sizes = [4 * math.prod(shape) for shape in shapes.values()]  # fp32 gradients
+    return len(buckets(sizes)) > 1
+
+
+@dataclass(frozen=True)
+class Run:
+    """A recipe's model, set up on a started adapter, and how checkpoints hold its weights."""
+
+    adapter: Adapter
+    recipe: Recipe
+    layout: Layout
+    model: Any  # the framework's own: a torch module, a Keras model
+
+    def weights(self) -> Arrays:
+        """The model's weights as checkpoints hold them."""
+        return self.layout.to_saved(self.adapter.weights())
+
+    def load_weights(self, checkpoint: Checkpoint, remedy: str) -> None:
+        """Loads `checkpoint`'s weights, once they are known to fit this model; `remedy` is
+        what the message of a checkpoint of another model tells the user to do."""
+        check_layout(checkpoint, self.adapter.name, self.layout.name)
+        check_weights_fit(checkpoint, self.weights(), remedy)
+        self.adapter.load_state(
+            weights=self.layout.from_saved(checkpoint.weights, self.adapter.weights())
+        )
+
+
+def open_run(framework: str | Adapter, recipe: Recipe, seed: int) -> Run:
+    """`recipe`'s model, built from `seed`, set up on `framework`'s adapter (started here, or
+    already started when the recipe had to be read with its collectives)."""
+    adapter = start(framework, recipe) if isinstance(framework, str) else framework
+    precision = recipe.schedule.precision
+    built = build_model(recipe, adapter.name, seed)
+    assert isinstance(recipe.optimizer, Optimizer)  # a function given is one's `function`
+    adapter.setup(built.model, recipe.optimizer, recipe.loss, recipe.horovod, precision)
+    return Run(adapter, recipe, built.layout, built.model)

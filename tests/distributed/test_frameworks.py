@@ -1,0 +1,105 @@
+"""The framework registry (`hvd_train/distributed/frameworks.py`): nothing outside a
+framework's adapter and builder and the registry names a framework or imports it, and each
+registered adapter and builder is what its entry says (checked in a process of its own, as one
+process loads one Horovod binding)."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_train.distributed.frameworks import FRAMEWORKS
+from tests.conftest import FRAMEWORKS as PARAMETERS
+from tests.conftest import REPO
+
+PACKAGE = REPO / "hvd_train"
+NAMES = {name for f in FRAMEWORKS.values() for name in (f.name, f.module)}
+
+
+def module_file(module: str) -> Path:
+    return REPO / (module.replace(".", "/") + ".py")
+
+
+def own_files() -> set[Path]:
+    """The registry, and each framework's adapter and builder."""
+    files = {PACKAGE / "distributed" / "frameworks.py"}
+    for framework in FRAMEWORKS.values():
+        files |= {module_file(framework.adapter.split(":")[0]), module_file(framework.builder)}
+    return files
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstrings' nodes."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            found.add(id(body[0].value))
+    return found
+
+
+def framework_names(path: Path) -> list[str]:
+    """Where `path` names a framework: a string that is one's name or module (not inside a
+    longer text), or an import of its module."""
+    tree = ast.parse(path.read_text())
+    skipped, found = docstrings(tree), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in NAMES and id(node) not in skipped:
+            found.append(f"{path.name}:{node.lineno}: {node.value!r}")
+        imported = []
+        if isinstance(node, ast.Import):
+            imported = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported = [node.module]
+        found += [f"{path.name}:{node.lineno}: import {name}"  # type: ignore[attr-defined]
+                  for name in imported if name.split(".")[0] in NAMES]  # fmt: skip
+    return found
+
+
+def test_only_the_registry_and_each_frameworks_own_modules_name_it():
+    assert all(path.is_file() for path in own_files())
+    named = [hit for path in sorted(PACKAGE.rglob("*.py")) if path not in own_files()
+             for hit in framework_names(path)]  # fmt: skip
+    assert named == []
+
+
+def test_the_scan_finds_a_framework_named_elsewhere(tmp_path):
+    stray = tmp_path / "stray.py"
+    stray.write_text('"""Names torch in its docstring."""\nimport torch\n\nif x == "tensorflow":\n'
+                     "    print(f'under {x}: torch')\n")  # fmt: skip
+    assert framework_names(stray) == ["stray.py:2: import torch", "stray.py:4: 'tensorflow'"]
+
+
+@pytest.mark.parametrize("framework", PARAMETERS)
+def test_each_entry_names_its_adapter_and_builder(framework):
+    entry = FRAMEWORKS[framework]
+    module, name = entry.adapter.split(":")
+    probe = (
+        "import importlib\n"
+        "from hvd_train.distributed.backends import create_adapter\n"
+        f"adapter = create_adapter({framework!r})\n"
+        f"assert type(adapter).__module__ == {module!r} and type(adapter).__name__ == {name!r}\n"
+        f"assert adapter.name == {framework!r} and adapter.hvd.__name__ == {entry.binding!r}\n"
+        "from hvd_train.recipe.settings import LOSSES\n"
+        "assert set(adapter.losses) == set(LOSSES)  # every loss a recipe may name\n"
+        f"builder = importlib.import_module({entry.builder!r})\n"
+        "assert all(callable(getattr(builder, f))\n"
+        "           for f in ('build_neutral', 'seed', 'own_model'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=300, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_adapter_surface_is_the_documented_one() -> None:
+    """What a new framework must write is `Adapter`'s abstract methods, each named on the
+    "Adding a framework" page; a method added to them is added there too."""
+    from hvd_train.distributed.backend import Adapter
+
+    page = (REPO / "docs" / "adding-a-framework.md").read_text()
+    abstract = sorted(Adapter.__abstractmethods__)
+    assert abstract == sorted(["init", "setup", "step", "eval_batch", "broadcast_state",
+                               "sync_buffers", "state", "load_state"])  # fmt: skip
+    assert [name for name in abstract if f"`{name}`" not in page] == []
