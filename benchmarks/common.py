@@ -65,13 +65,13 @@ def alternate(
     on the same batches in this one process on the same threads: a slow spell of this shared
     machine falls on both alike, so their ratio is hvd_train's own overhead (separate runs
     moved it by 10-20%)."""
-    # A world of one: the adapter sends nothing through Horovod.
-    adapter = open_run(framework, recipe, seed=0).adapter
+    # A world of one: the layer sends nothing through Horovod.
+    dist = open_run(framework, recipe, seed=0).dist
     flags, seconds = np.zeros(2), np.zeros(2)
     batch = recipe.schedule.batch_size
     for index, (x, y) in enumerate(batches(train, batch, 0, 1, warmup + steps)):
         started = time.perf_counter()
-        adapter.train_step([(x, y)], 1e-3, index, flags)
+        dist.train_step([(x, y)], 1e-3, index, flags)
         middle = time.perf_counter()
         plain_step(x, y)
         if index >= warmup:

@@ -97,15 +97,14 @@ def hvd_train_worker(recipe_name: str, steps: int, overrides: list[str]) -> dict
     settings = dict(setting.split("=", 1) for setting in overrides)
     settings = {key: json.loads(value) for key, value in settings.items()}
     recipe = bench_recipe(recipe_name, "torch", settings, synthetic=True)
-    adapter = open_run("torch", recipe, seed=0).adapter
-    adapter.broadcast_state(include_optimizer=False)
+    dist = open_run("torch", recipe, seed=0).dist
     train = load_data(recipe, None).train
     batch, flags = recipe.schedule.batch_size, np.zeros(2)
-    taken = list(batches(train, batch, adapter.rank, adapter.world_size, WARMUP + steps))
+    taken = list(batches(train, batch, dist.rank, dist.world_size, WARMUP + steps))
     index = iter(range(len(taken)))
-    copied = torch_copies(lambda x, y: adapter.train_step([(x, y)], 1e-4, next(index), flags),
+    copied = torch_copies(lambda x, y: dist.train_step([(x, y)], 1e-4, next(index), flags),
                           taken)  # fmt: skip
-    gradient_bytes = sum(p.numel() * p.element_size() for p in adapter.exchange.parameters)
+    gradient_bytes = sum(p.numel() * p.element_size() for p in dist.backend.exchange.parameters)
     return {"torch_bytes": copied, "gradient_bytes": gradient_bytes}
 
 

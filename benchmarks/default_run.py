@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from benchmarks.run import BIN, PYTHON, machine
-from hvd_train.commands.plot import plot_runs
+from hvd_train.training.plot import plot_runs
 
 FRAMEWORKS = ("torch", "tensorflow")
 

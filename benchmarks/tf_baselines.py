@@ -86,7 +86,7 @@ if __name__ == "__main__":
     rank = config["task"]["index"] if config else 0
     threads = int(os.environ.get("THREADS") or max(1, len(os.sched_getaffinity(0)) // processes))
     recipe, train = setup(recipe_name)
-    # Taking turns, the plain loop runs on the pools hvd_train's adapter sets for the recipe
+    # Taking turns, the plain loop runs on the pools hvd_train's backend sets for the recipe
     # (a spare inter-op thread where its exchange may overlap); TensorFlow fixes them once.
     spare = mode == "alternate" and may_overlap(recipe)
     tf.config.threading.set_intra_op_parallelism_threads(threads)

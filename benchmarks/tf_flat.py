@@ -1,10 +1,10 @@
 """Whether TensorFlow's exchange would gain from one flat buffer, as torch's did: two ways of
 averaging gradients shaped like a recipe's, side by side, in compiled functions as the
-adapter's step is.
+backend's step is.
 
     python -m benchmarks.tf_flat [--recipe resnet18] [--repeats 30] [--json FILE]
 
-  grouped   what the adapter does: the gradients in one grouped_allreduce, which Horovod copies
+  grouped   what the backend does: the gradients in one grouped_allreduce, which Horovod copies
             into its fusion buffer and out again
   flat      the gradients concatenated into one tensor (a copy), allreduced as one (Horovod
             copies it into the op's new output tensor: TensorFlow has no in-place op), and split
@@ -44,12 +44,12 @@ def worker(recipe_name: str, repeats: int) -> None:
     from hvd_train.recipe import load_recipe
     from hvd_train.training.run import open_run
 
-    # The adapter first: it sets TensorFlow's environment before TensorFlow loads.
+    # The layer first: it sets TensorFlow's environment before TensorFlow loads.
     run = open_run("tensorflow", load_recipe(recipe_name), seed=0)
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    tensors = [tf.ones_like(weight) for weight in run.adapter.model.trainable_weights]
+    tensors = [tf.ones_like(weight) for weight in run.dist.model.trainable_weights]
     shapes = [t.shape for t in tensors]
     sizes = [int(np.prod(shape)) for shape in shapes]
 

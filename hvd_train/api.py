@@ -4,8 +4,8 @@ ranks and calls it in each).
     import hvd_train
     summary = hvd_train.train("recipes/examples/mnist_resnet_torch.py", epochs=1)
 
-One run, in the order the data flows: recipe (+ overrides) -> framework adapter -> data on
-every rank, checked to agree -> model, handed to the adapter -> the loop -> checkpoints and
+One run, in the order the data flows: recipe (+ overrides) -> framework dist -> data on
+every rank, checked to agree -> model, handed to the dist -> the loop -> checkpoints and
 metrics.
 """
 
@@ -18,23 +18,23 @@ from pathlib import Path
 from typing import Any
 
 from hvd_train.checkpoint import BEST, Checkpoint, checkpoints, remove_partial
-from hvd_train.commands.plot import plot_runs
 from hvd_train.data import Splits, load_data, with_validation
-from hvd_train.distributed.backends import Adapter, Elastic
 from hvd_train.distributed.frameworks import DEFAULT_FRAMEWORK, import_quietly, use_framework
+from hvd_train.distributed.layer import Distributed
 from hvd_train.errors import UsageError
-from hvd_train.options import RunOptions
 from hvd_train.recipe import Recipe, is_python_reference, load_recipe
-from hvd_train.resume import (
+from hvd_train.training.evaluation import check_outputs_fit
+from hvd_train.training.metrics import MetricsWriter, write_summary
+from hvd_train.training.options import RunOptions
+from hvd_train.training.plot import plot_runs
+from hvd_train.training.position import Position
+from hvd_train.training.resume import (
     check_same_run,
     read_resume_point,
     resumed_option,
     saved_framework,
     saved_recipe,
 )
-from hvd_train.training.evaluation import check_outputs_fit
-from hvd_train.training.metrics import MetricsWriter, write_summary
-from hvd_train.training.position import Position
 from hvd_train.training.run import Run, open_run, start
 from hvd_train.training.snapshots import Snapshots
 from hvd_train.training.trackers import Trackers
@@ -66,16 +66,16 @@ def train(
         recipe = new_recipe(recipe, framework, overrides)
     if options.horovod_timeline is not None:  # Horovod reads it as it starts; rank 0 writes it
         os.environ["HOROVOD_TIMELINE"] = str(options.horovod_timeline.resolve())
-    adapter = start(framework, recipe if isinstance(recipe, Recipe) else None)  # None: resumed
-    if options.elastic and not isinstance(adapter, Elastic):
+    dist = start(framework, recipe if isinstance(recipe, Recipe) else None)  # None: resumed
+    if options.elastic and dist.without_elastic:
         raise UsageError(
-            f"--elastic is not available with --framework {framework}: {adapter.without_elastic}"
+            f"--elastic is not available with --framework {framework}: {dist.without_elastic}"
         )
     checkpoint = None
     if options.resume:
-        checkpoint, recipe, options = resumed_run(adapter, recipe, options, overrides)
+        checkpoint, recipe, options = resumed_run(dist, recipe, options, overrides)
     assert isinstance(recipe, Recipe)
-    return train_on_rank(adapter, recipe, decided(adapter, recipe, options), checkpoint)
+    return train_on_rank(dist, recipe, decided(dist, recipe, options), checkpoint)
 
 
 def new_recipe(recipe: str | Recipe | None, framework: str, overrides: dict[str, Any]) -> Recipe:
@@ -87,7 +87,7 @@ def new_recipe(recipe: str | Recipe | None, framework: str, overrides: dict[str,
 
 
 def resumed_run(
-    adapter: Adapter, given: str | Recipe | None, options: RunOptions, overrides: dict[str, Any]
+    dist: Distributed, given: str | Recipe | None, options: RunOptions, overrides: dict[str, Any]
 ) -> tuple[Checkpoint | None, Recipe, RunOptions]:
     """Where a resumed run starts (on rank 0), its recipe, and its options with the
     checkpoint's seed and step limit. Elastic: every rank reads the checkpoint itself (a
@@ -95,9 +95,9 @@ def resumed_run(
     reads and tells the others."""
     output_dir = Path(str(options.output_dir))
     checkpoint, state, recipe_text = read_resume_point(
-        adapter, output_dir, options.elastic, str(options.resume)
+        dist, output_dir, options.elastic, str(options.resume)
     )
-    recipe = resumed_recipe(state, recipe_text, given, adapter.name, overrides)
+    recipe = resumed_recipe(state, recipe_text, given, dist.framework, overrides)
     options = dataclasses.replace(
         options,
         seed=resumed_option(state, "--seed", options.seed),
@@ -106,12 +106,12 @@ def resumed_run(
     return checkpoint, recipe, options
 
 
-def decided(adapter: Adapter, recipe: Recipe, options: RunOptions) -> RunOptions:
+def decided(dist: Distributed, recipe: Recipe, options: RunOptions) -> RunOptions:
     """`options` with the seed and output folder decided: the default folder is rank 0's
     choice, as the ranks' clocks may name it differently."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    default_dir = Path("runs", f"{recipe.name}-{adapter.name}-{stamp}")
-    output_dir = options.output_dir or adapter.broadcast_object(default_dir)
+    default_dir = Path("runs", f"{recipe.name}-{dist.framework}-{stamp}")
+    output_dir = options.output_dir or dist.broadcast(default_dir)
     seed = DEFAULT_SEED if options.seed is None else options.seed
     return dataclasses.replace(options, output_dir=output_dir, seed=seed)
 
@@ -148,31 +148,31 @@ def with_overrides(recipe: Recipe, overrides: dict[str, Any]) -> Recipe:
 
 
 def train_on_rank(
-    adapter: Adapter, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None
+    dist: Distributed, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None
 ) -> dict[str, Any]:
     """One training job on this rank, once Horovod is initialised; `checkpoint` (on rank 0)
     is where a resumed run starts."""
     trackers = Trackers(tuple(dict.fromkeys(options.track + recipe.output.trackers)))
     if options.elastic:
-        summary = train_elastic(adapter, recipe, options, checkpoint, trackers)
+        summary = train_elastic(dist, recipe, options, checkpoint, trackers)
     else:
-        data = load_data_on_every_rank(adapter, recipe, options)
-        adapter.on_rank_zero(lambda: prepare_output_dir(output_dir(options), bool(options.resume)))
-        run = open_run(adapter, recipe, seed(options))
+        data = load_data_on_every_rank(dist, recipe, options)
+        dist.on_rank_zero(lambda: prepare_output_dir(output_dir(options), bool(options.resume)))
+        run = open_run(dist, recipe, seed(options))
         trainer = new_trainer(run, data, options, trackers)
         begin_at = Position(0, 0)
         if options.resume:
             begin_at = trainer.resume(checkpoint)
-        adapter.broadcast_state(include_optimizer=bool(options.resume))
+            dist.broadcast_state()  # rank 0's, as it resumed
         summary = trainer.fit(begin_at)
-    adapter.on_rank_zero(lambda: finish(output_dir(options), summary, trackers))
+    dist.on_rank_zero(lambda: finish(output_dir(options), summary, trackers))
     return summary
 
 
 def new_trainer(run: Run, data: Splits, options: RunOptions, trackers: Trackers) -> Trainer:
     """A trainer with its collaborators: the records (sent on to `trackers` too), the
     snapshots; once the model's outputs are known to fit the labels."""
-    check_outputs_fit(run.adapter, run.recipe, data.train)
+    check_outputs_fit(run.dist, run.recipe, data.train)
     folder = output_dir(options)
     metrics = MetricsWriter(folder, len(data.train), trackers, run.recipe.settings_table())
     snapshots = Snapshots(run, folder / "checkpoints", seed(options), options.limit_steps,
@@ -188,7 +188,7 @@ def finish(folder: Path, summary: dict[str, Any], trackers: Trackers) -> None:
 
 
 def train_elastic(
-    adapter: Adapter, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None,
+    dist: Distributed, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None,
     trackers: Trackers,
 ) -> dict[str, Any]:  # fmt: skip
     """`train_on_rank` under Horovod's elastic driver. Everything before the elastic loop
@@ -196,11 +196,11 @@ def train_elastic(
     in the loop, and a collective there would never be matched. The job's start (the ranks'
     agreement, the output folder, the resumed position) happens once, inside the loop."""
     data = with_validation(load_data(recipe, options.data_dir), recipe, seed(options))
-    trainer = new_trainer(open_run(adapter, recipe, seed(options)), data, options, trackers)
+    trainer = new_trainer(open_run(dist, recipe, seed(options)), data, options, trackers)
 
     def begin() -> Position:
-        check_ranks_agree(adapter, None, run_facts(adapter, recipe, options, data))
-        adapter.on_rank_zero(lambda: prepare_output_dir(output_dir(options), bool(options.resume)))
+        check_ranks_agree(dist, None, run_facts(dist, recipe, options, data))
+        dist.on_rank_zero(lambda: prepare_output_dir(output_dir(options), bool(options.resume)))
         if not options.resume:
             return Position(0, 0)
         return trainer.resume(checkpoint)
@@ -218,7 +218,7 @@ def seed(options: RunOptions) -> int:
     return options.seed
 
 
-def load_data_on_every_rank(adapter: Adapter, recipe: Recipe, options: RunOptions) -> Splits:
+def load_data_on_every_rank(dist: Distributed, recipe: Recipe, options: RunOptions) -> Splits:
     """Loads the data on every rank, then checks that all ranks agree on what they run, so a
     mismatch (or a rank without data) stops the job with a message instead of a hang."""
     data, problem = None, None
@@ -226,18 +226,18 @@ def load_data_on_every_rank(adapter: Adapter, recipe: Recipe, options: RunOption
         data = with_validation(load_data(recipe, options.data_dir), recipe, seed(options))
     except UsageError as error:
         problem = str(error)
-    check_ranks_agree(adapter, problem, run_facts(adapter, recipe, options, data))
+    check_ranks_agree(dist, problem, run_facts(dist, recipe, options, data))
     assert data is not None
     return data
 
 
 def run_facts(
-    adapter: Adapter, recipe: Recipe, options: RunOptions, data: Splits | None
+    dist: Distributed, recipe: Recipe, options: RunOptions, data: Splits | None
 ) -> dict[str, Any]:
     """What every rank must run alike."""
     return {
         "hvd_train version": __version__,
-        "framework": adapter.name,
+        "framework": dist.framework,
         "recipe": recipe.recipe_hash(),
         "seed": options.seed,
         "training examples": None if data is None else len(data.train),
@@ -248,14 +248,14 @@ def run_facts(
     }
 
 
-def check_ranks_agree(adapter: Adapter, problem: str | None, facts: dict[str, Any]) -> None:
+def check_ranks_agree(dist: Distributed, problem: str | None, facts: dict[str, Any]) -> None:
     """Stops every rank at once if any rank has a `problem` or `facts` that differ from rank
     0's, naming the rank and the difference."""
-    everyone = adapter.allgather_object((problem, facts))
+    everyone = dist.all_gather((problem, facts))
     for rank, (rank_problem, rank_facts) in enumerate(everyone):
         if rank_problem is not None:
             raise UsageError(
-                f"rank {rank}: {rank_problem}" if adapter.world_size > 1 else rank_problem,
+                f"rank {rank}: {rank_problem}" if dist.world_size > 1 else rank_problem,
                 every_rank=True,
             )
         for key, value in rank_facts.items():

@@ -15,10 +15,17 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hvd_train.distributed.frameworks import DEFAULT_FRAMEWORK, EXPORT_FORMATS, FRAMEWORKS
-from hvd_train.errors import DataStalled, ReplicasDiverged, Stopped, UsageError, reported_here
+from hvd_train.errors import (
+    DataStalled,
+    ReplicasDiverged,
+    Stopped,
+    UsageError,
+    report,
+    reported_here,
+)
 from hvd_train.launching import BACKENDS
-from hvd_train.options import TRAIN_OPTIONS, add_arguments
 from hvd_train.recipe.rules import Rule
+from hvd_train.training.options import TRAIN_OPTIONS, add_arguments
 from hvd_train.version import __version__
 
 
@@ -373,7 +380,7 @@ def run_k8s(args: argparse.Namespace) -> int:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from hvd_train.commands.plot import plot_runs
+    from hvd_train.training.plot import plot_runs
 
     plot_runs(args.runs, args.output)
     print(f"wrote {args.output}")
@@ -440,12 +447,6 @@ def main(argv: list[str] | None = None) -> int:
         # (horovodrun stops this one then); otherwise a bad image's exit 2 would read as 1.
         time.sleep(LOST_PEER_GRACE_S)
         return 1
-
-
-def report(error: Exception) -> None:
-    """`error`'s one line on stderr, where this rank is the one to say it."""
-    if reported_here(error):
-        print(f"hvd-train: error: {error}", file=sys.stderr)
 
 
 def failed_job(error: Exception) -> bool:

@@ -64,7 +64,13 @@ def reported_here(error: BaseException) -> bool:
     return True
 
 
+def report(error: BaseException) -> None:
+    """`error`'s one line on stderr, where this rank is the one to say it."""
+    if reported_here(error):
+        print(f"hvd-train: error: {error}", file=sys.stderr, flush=True)
+
+
 def horovod_started() -> bool:
-    """Whether this process initialised a Horovod binding (imported only by an adapter)."""
+    """Whether this process initialised a Horovod binding (imported only by a backend)."""
     bindings = [sys.modules.get(name) for name in ("horovod.torch", "horovod.tensorflow")]
     return any(binding is not None and binding.is_initialized() for binding in bindings)

@@ -31,9 +31,12 @@ def evaluation(checkpoint: Path, *arguments: str) -> dict:
     return json.loads(result.stdout.splitlines()[-1])
 
 
-def saved_weights(run: Path, epoch: int, step: int = 0) -> dict[str, np.ndarray]:
-    """The weights `run` saved at `epoch` (and `step` into it), by neutral name."""
-    return load_file(run / "checkpoints" / checkpoint_name(epoch, step) / "model.safetensors")
+def saved_weights(
+    run: Path, epoch: int, step: int = 0, kept: str = "model.safetensors"
+) -> dict[str, np.ndarray]:
+    """The weights `run` saved at `epoch` (and `step` into it), by neutral name (or what else
+    it `kept`: the optimizer's state)."""
+    return load_file(run / "checkpoints" / checkpoint_name(epoch, step) / kept)
 
 
 def assert_same_weights(expected: dict[str, np.ndarray], actual: dict[str, np.ndarray]) -> None:

@@ -11,7 +11,8 @@ from hvd_train.checkpoint import Checkpoint, checkpoint_name
 from hvd_train.errors import UsageError
 from hvd_train.recipe import load_recipe
 from hvd_train.recipe.toml import recipe_toml
-from hvd_train.resume import (
+from hvd_train.training.position import Position
+from hvd_train.training.resume import (
     check_continues,
     check_layout,
     check_same_run,
@@ -20,7 +21,6 @@ from hvd_train.resume import (
     saved_framework,
     saved_recipe,
 )
-from hvd_train.training.position import Position
 
 WEIGHTS = {"layer0.kernel": np.zeros((3, 3, 1, 8), np.float32), "layer0.bias": np.zeros(8)}
 

@@ -3,9 +3,9 @@
 A model is the neutral layer list built by the framework's builder (`torch_layers`,
 `keras_models`, named in `hvd_train/distributed/frameworks.py`), or the recipe's own function
 for torch or Keras, checked by the builder of its kind. Its `Layout` converts between
-the weights as the adapter gives them (the framework's own names and shapes) and as a checkpoint
+the weights as the backend gives them (the framework's own names and shapes) and as a checkpoint
 keeps them: "neutral" (moves between frameworks), "torch" (a state_dict) or "keras" (Keras's
-weights by index). Adapters never see a recipe or a layout.
+weights by index). Backends never see a recipe or a layout.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _as_given(saved: Arrays, current: Arrays) -> Arrays:
 @dataclass(frozen=True)
 class Layout:
     """How a checkpoint holds a model's weights: `name`, recorded in the checkpoint, and the
-    conversion from the adapter's weights (`to_saved`) and back (`from_saved`, which takes
+    conversion from the backend's weights (`to_saved`) and back (`from_saved`, which takes
     what the saved layout lacks from the model's current weights)."""
 
     name: str
@@ -59,7 +59,7 @@ def build_model(recipe: Recipe, framework: str, seed: int) -> Built:
     """The recipe's model under `framework`, built after seeding the framework, so every build
     in a run (and in its resumed run) starts from the same weights. Keras layers are made under
     the policy of the recipe's precision; a torch module computes in it under torch.autocast
-    (the adapter's)."""
+    (`distributed.torch.modules.compute_in`)."""
     recipe.check_framework(framework)
     seed_framework(framework, seed)
     with keras_precision(recipe.schedule.precision):

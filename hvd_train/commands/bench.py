@@ -30,7 +30,7 @@ from hvd_train.api import DEFAULT_RECIPE, resolve_recipe, with_overrides
 from hvd_train.data import Splits, load_data
 from hvd_train.data.pipeline import augmentation, read_ahead, workers_for
 from hvd_train.data.sharding import epoch_order, shard_steps
-from hvd_train.distributed.backends import Adapter
+from hvd_train.distributed.layer import Distributed
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Data, Recipe
 from hvd_train.training.run import open_run, start
@@ -53,20 +53,20 @@ class RankTimes:
 
 
 def time_rank(
-    adapter: Adapter, data: Splits, recipe: Recipe, steps: int, warmup: int
+    dist: Distributed, data: Splits, recipe: Recipe, steps: int, warmup: int
 ) -> tuple[RankTimes, float]:
     """This rank's times, and the wall time of the training phase (for images/s)."""
     order = epoch_order(len(data.train), 0, 0)
-    shard = shard_steps(order, adapter.rank, adapter.world_size, recipe.schedule.batch_size,
+    shard = shard_steps(order, dist.rank, dist.world_size, recipe.schedule.batch_size,
                         recipe.horovod.backward_passes_per_step)  # fmt: skip
     batches = [shard[i % len(shard)] for i in range(warmup + steps)]
-    workers = workers_for(recipe.loading.workers, data.train, adapter.threads_per_rank())
+    workers = workers_for(recipe.loading.workers, data.train, dist.threads)
     flags = np.zeros(2)
 
     def phase(run: Callable[[list[Any], int], tuple[float, ...]]) -> tuple[float, np.ndarray]:
         """The wall time of the timed steps, and the sums of the wait for data and of the
         parts `run` returns."""
-        adapter.allreduce_sum(np.zeros(1))  # every rank starts the phase together
+        dist.all_reduce(np.zeros(1), op="sum")  # every rank starts the phase together
         started, parts = time.perf_counter(), np.zeros(4)
         augment = augmentation(recipe.transforms(), 0, 0)
         ahead = read_ahead(data.train, batches, workers, recipe.loading.prefetch, augment)
@@ -81,16 +81,16 @@ def time_rank(
         return time.perf_counter() - started, parts
 
     def train(taken: list[Any], index: int) -> tuple[float, ...]:
-        result = adapter.train_step(taken, 1e-4, index, flags)
+        result = dist.train_step(taken, 1e-4, index, flags)
         return result.compute_seconds, result.sync_seconds, result.hide_seconds
 
     def local(taken: list[Any], index: int) -> tuple[float, ...]:
-        adapter.local_step(taken, index)
+        dist.local_step(taken, index)
         return 0.0, 0.0, 0.0
 
     wall, (waited, compute, sync, hide) = phase(train)
     local_wall, _ = phase(local)
-    allreduce = adapter.time_gradient_allreduce(ALLREDUCE_REPEATS)
+    allreduce = dist.time_gradient_allreduce(ALLREDUCE_REPEATS)
     examples = sum(len(part) for part in batches[-1])
     per_step = RankTimes(examples, waited / steps, compute / steps, sync / steps,
                          hide / steps, local_wall / steps, allreduce)  # fmt: skip
@@ -213,25 +213,24 @@ def run_bench(
     """Times the recipe on this rank (alone or as one of horovodrun's); the figures on rank 0,
     None on the others."""
     recipe = bench_recipe(recipe_reference, framework, overrides, synthetic)
-    adapter = start(framework, recipe)
-    if links and adapter.world_size == 1:
+    dist = start(framework, recipe)
+    if links and dist.world_size == 1:
         raise UsageError("--links projects from a measured exchange, and alone there is none: "
                          "run bench under horovodrun -np 2 or more")  # fmt: skip
     data = load_data(recipe, data_dir)
-    open_run(adapter, recipe, seed=0)
-    adapter.broadcast_state(include_optimizer=False)
-    times, wall = time_rank(adapter, data, recipe, steps, warmup)
-    ranks = adapter.allgather_object(times)
-    if not adapter.is_rank_zero:
+    open_run(dist, recipe, seed=0)
+    times, wall = time_rank(dist, data, recipe, steps, warmup)
+    ranks = dist.all_gather(times)
+    if not dist.is_rank_zero:
         return None
-    weights = [a for name, a in adapter.trained_state().items() if name.startswith("weight.")]
+    weights = [a for name, a in dist.trained_state().items() if name.startswith("weight.")]
     per_value = 4 if recipe.horovod.compression == "none" else 2
     figures = report(ranks, wall, steps, per_value * sum(a.size for a in weights))
     # The recipe's setting, and whether the timed steps overlapped ("auto" decides by then).
     figures["overlap"] = recipe.horovod.overlap
-    figures["overlapped"] = adapter.overlap_choice.overlap
+    figures["overlapped"] = dist.overlapping
     if links:
         figures["projection"] = projection(figures, links)
-    threads = adapter.threads_per_rank()
+    threads = dist.threads
     return figures | {"recipe": recipe.name, "framework": framework, "steps": steps,
                       "threads_per_rank": threads}  # fmt: skip

@@ -14,7 +14,7 @@ from hvd_train.commands.evaluate import read_checkpoint
 from hvd_train.data import load_data, take
 from hvd_train.distributed.frameworks import EXPORT_FORMATS
 from hvd_train.errors import UsageError
-from hvd_train.resume import saved_recipe
+from hvd_train.training.resume import saved_recipe
 from hvd_train.training.run import open_run, start
 
 EXAMPLES = 8  # test examples the export is checked on, loaded back
@@ -33,7 +33,7 @@ def export_checkpoint(
     framework, suffix = EXPORT_FORMATS[format]
     if output is not None:
         check_output(output, format, suffix)
-    adapter = start(framework)
+    dist = start(framework)
     checkpoint = read_checkpoint(path)
     state = checkpoint.state | {"path": str(checkpoint.path)}
     recipe = saved_recipe(state, checkpoint.recipe_text, recipe_reference)
@@ -43,7 +43,7 @@ def export_checkpoint(
             f"{recipe.name!r} is {' and '.join(recipe.frameworks)} only; choose --format "
             f"{' or '.join(f for f, (w, _) in EXPORT_FORMATS.items() if w in recipe.frameworks)}"
         )
-    run = open_run(adapter, recipe, seed=0)
+    run = open_run(dist, recipe, seed=0)
     run.load_weights(checkpoint, "export it with the recipe that wrote it")
     x, _ = take(load_data(recipe, data_dir).test, np.arange(EXAMPLES))
     if isinstance(x, dict):
@@ -53,7 +53,7 @@ def export_checkpoint(
             "into your model to serve it"
         )
     target = output or default_output(checkpoint.path, suffix)
-    written, expected, outputs = adapter.export(target, format, x)
+    written, expected, outputs = dist.export(target, format, x)
     difference = None if outputs is None else float(np.abs(outputs - expected).max())
     if difference is not None and not difference <= TOLERANCE * max(1, np.abs(expected).max()):
         raise RuntimeError(f"{written} loaded back gives outputs {difference} from the model's")

@@ -100,7 +100,7 @@ def subset(dataset: Dataset, indices: np.ndarray) -> Dataset:
 
 
 def take(dataset: Dataset, indices: np.ndarray) -> tuple[Inputs, Labels]:
-    """One batch as the adapters take it, in NumPy: x with floats as float32, a dict's sequence
+    """One batch as the backends take it, in NumPy: x with floats as float32, a dict's sequence
     inputs padded with zeros to the batch's longest, each with its mask beside it ("tokens":
     (N, longest, ...) and "tokens_mask": (N, longest) booleans); labels as int64 (integers) or
     float32 (floats and booleans), a tuple of them kept a tuple."""

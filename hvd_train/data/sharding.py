@@ -14,6 +14,12 @@ def epoch_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_samples)
 
 
+def step_seed(seed: int, global_step: int, rank: int) -> int:
+    """The dropout seed of one step on one rank. Derived, not carried, so a resumed run draws
+    exactly the numbers the uninterrupted run would have drawn."""
+    return int(np.random.SeedSequence([seed, global_step, rank]).generate_state(1)[0])
+
+
 def steps_per_epoch(num_samples: int, world_size: int, batch_size: int, passes: int = 1) -> int:
     """Optimizer steps per epoch, the same on every rank so none waits in a collective. Each
     step takes `passes` batches of at most `batch_size` on every rank (gradient accumulation)."""

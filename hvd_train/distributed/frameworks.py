@@ -1,26 +1,31 @@
 """The frameworks hvd_train trains under, registered in one place. Each entry says what the
-rest of the package needs to know of a framework, as names: its adapter (imported only when
+rest of the package needs to know of a framework, as names: its backend (imported only when
 chosen, so the package imports with no framework installed), its Horovod binding, the builder
 of the neutral layer list, which of a recipe's own models it trains, its export formats, its
-packages and its environment. Nothing outside a framework's adapter and builder and this file
-names a framework: adding one is an adapter, a builder and an entry here
-(docs/adding-a-framework.md). This module imports none of them.
+packages and its environment. Nothing outside a framework's backend package and builder and
+this file names a framework: adding one is a backend, a builder and an entry here
+(docs/adding-a-framework.md). This module imports none of them until `create_backend`.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hvd_train.errors import UsageError
+
+if TYPE_CHECKING:
+    from hvd_train.distributed.backend import Backend
 
 
 @dataclass(frozen=True)
 class Framework:
     name: str  # --framework's value
     module: str  # its Python module
-    adapter: str  # "module:Class", the framework's `Adapter`
+    backend: str  # "package:Class", the framework's `Backend`
     binding: str  # Horovod's module for it: two in one process are known to crash
     # The module that builds the neutral layer list for it (`build_neutral`), seeds its random
     # numbers (`seed`) and checks a recipe's own model of its kind (`own_model`).
@@ -44,7 +49,7 @@ FRAMEWORKS = {
         Framework(
             name="torch",
             module="torch",
-            adapter="hvd_train.distributed.torch:TorchAdapter",
+            backend="hvd_train.distributed.torch:TorchBackend",
             binding="horovod.torch",
             builder="hvd_train.builders.torch_layers",
             models=("torch", "keras"),  # a Keras 3 model on Keras's torch backend
@@ -54,7 +59,7 @@ FRAMEWORKS = {
         Framework(
             name="tensorflow",
             module="tensorflow",
-            adapter="hvd_train.distributed.tensorflow:TensorFlowAdapter",
+            backend="hvd_train.distributed.tensorflow:TensorFlowBackend",
             binding="horovod.tensorflow",
             builder="hvd_train.builders.keras_models",
             models=("keras",),
@@ -108,7 +113,7 @@ def import_quietly(name: str) -> None:
     """Imports framework `name`'s module, where its import is noisy, with what it writes to
     stderr before its logging starts (TensorFlow's absl "All log messages before
     absl::InitializeLog() ...", oneDNN's notice) sent to /dev/null: its log level does not reach
-    them. HVD_TRAIN_VERBOSE=1 keeps them. A failed import is left to the adapter to report."""
+    them. HVD_TRAIN_VERBOSE=1 keeps them. A failed import is left to `create_backend` to report."""
     framework = framework_named(name)
     module = framework.module
     if not framework.noisy_import or module in sys.modules:
@@ -126,3 +131,30 @@ def import_quietly(name: str) -> None:
         os.dup2(stderr, 2)
         os.close(stderr)
         os.close(devnull)
+
+
+def create_backend(name: str) -> Backend:
+    """Framework `name`'s backend, its module imported now: one Horovod binding per process."""
+    framework = framework_named(name)
+    use_framework(name)
+    import_quietly(name)
+    for other in FRAMEWORKS.values():
+        if other.name != name and other.binding in sys.modules:
+            raise RuntimeError(
+                f"{other.binding} is loaded already: one Horovod binding per process"
+            )
+    module_name, class_name = framework.backend.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        if "horovod" in f"{error.name} {error}":
+            raise UsageError(
+                f"Horovod is missing or was built without {name} ({error}); run "
+                "scripts/build-horovod.sh (part of `make setup`) to build it with every framework"
+            ) from None
+        raise UsageError(
+            f"--framework {name} needs {name}, which is not installed ({error}); run `make setup`,"
+            f" or `pip install 'hvd_train[{name}]'` and then scripts/build-horovod.sh"
+        ) from None
+    backend: Backend = getattr(module, class_name)()
+    return backend

@@ -8,12 +8,15 @@ range; it must be positive`. The loaders put the recipe's file in front.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
+from hvd_train.data.base import Splits
 from hvd_train.data.pipeline import DEFAULT_TIMEOUT
-from hvd_train.data.sources import SOURCES, checked_source_keys
+from hvd_train.data.sources import SOURCES, checked_source_keys, load_from_source
 from hvd_train.data.transforms import parse_transforms
 from hvd_train.errors import UsageError
 from hvd_train.recipe.learning_rate import parse_decay
@@ -23,6 +26,7 @@ LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 LR_SCALING = ("linear", "sqrt", "none")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+TRACKERS = ("mlflow", "csv")  # where records go besides the run's own (training/trackers.py)
 # How gradients travel between the ranks: as they are (fp32), or cast to 16 bits and back.
 # bf16 keeps fp32's range; Horovod reduces it through the patch series' 13-bfloat16.patch.
 COMPRESSIONS = ("none", "fp16", "bf16")
@@ -118,6 +122,12 @@ class Data(Settings):
         check = SOURCES[self.dataset].check
         if check is not None:
             check(self)
+
+    def load(self, data_dir: str | Path | None = None) -> Splits:
+        """The examples, as their source gives them, for a loop of one's own
+        (`Distributed.loader` reads them): `.train`, `.test`, and `.validation` where the
+        source has one. `data_dir`: where MNIST's files are (default: the cache)."""
+        return load_from_source(self, None if data_dir is None else Path(data_dir))
 
 
 @dataclass(frozen=True)
@@ -301,6 +311,23 @@ class Checkpoints(Settings):
     mode: str = setting("min", kind=str, choices=("min", "max"))
 
 
+def checked_trackers(names: Any, given_as: str) -> tuple[str, ...]:
+    """Trackers' names (`--track`'s, or the recipe's `output.trackers`), each known and its
+    library installed; `given_as` names where they were given."""
+    names = (names,) if isinstance(names, str) else tuple(names or ())
+    for name in names:
+        if name not in TRACKERS:
+            raise UsageError(
+                f"{given_as}: unknown tracker {name!r}; choose from {', '.join(TRACKERS)}"
+            )
+        if name != "csv" and importlib.util.find_spec(name) is None:
+            raise UsageError(
+                f"{given_as}: the {name} tracker needs the {name} package, which is not "
+                f"installed; pip install 'hvd_train[{name}]'"
+            )
+    return tuple(dict.fromkeys(names))
+
+
 @dataclass(frozen=True)
 class Output(Settings):
     """Where the records go besides metrics.jsonl and TensorBoard: `trackers` (as `--track`
@@ -311,8 +338,6 @@ class Output(Settings):
     trackers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        from hvd_train.training.trackers import checked_trackers
-
         object.__setattr__(self, "trackers", checked_trackers(self.trackers, "output.trackers"))
 
 

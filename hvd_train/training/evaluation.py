@@ -10,7 +10,7 @@ import numpy as np
 from hvd_train.data import ArrayDataset, Dataset, batch_size, take
 from hvd_train.data.sharding import eval_indices
 from hvd_train.data.transforms import Transformed
-from hvd_train.distributed.backends import Adapter
+from hvd_train.distributed.layer import Distributed
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.scoring import CLASS_METRICS, Metric
@@ -18,18 +18,18 @@ from hvd_train.recipe.scoring import CLASS_METRICS, Metric
 EVAL_BATCH_SIZE = 1000
 
 
-def evaluate(adapter: Adapter, test: Dataset, metrics: dict[str, Metric]) -> dict[str, float]:
+def evaluate(dist: Distributed, test: Dataset, metrics: dict[str, Metric]) -> dict[str, float]:
     """The test loss and each metric by name, with rank 0's running statistics; each rank
     takes its own slice (uneven, never padded), so every example counts once."""
-    adapter.sync_buffers()
-    mine = eval_indices(len(test), adapter.rank, adapter.world_size)
+    dist.sync_buffers()
+    mine = eval_indices(len(test), dist.rank, dist.world_size)
     sums = np.zeros(2 + 2 * len(metrics))  # the loss's sum and count, then each metric's
     for first in range(0, len(mine), EVAL_BATCH_SIZE):
         x, y = take(test, mine[first : first + EVAL_BATCH_SIZE])
-        loss, outputs = adapter.eval_batch(x, y)
+        loss, outputs = dist.eval_batch(x, y)
         sums += [loss, batch_size(x), *(part for metric in metrics.items()
                                  for part in _summed(*metric, outputs, y))]  # fmt: skip
-    totals = adapter.allreduce_sum(sums)
+    totals = dist.all_reduce(sums, op="sum")
     figures = totals[0::2] / np.maximum(totals[1::2], 1)
     return dict(zip(["loss", *metrics], map(float, figures), strict=True))
 
@@ -46,7 +46,7 @@ def _summed(name: str, metric: Metric, outputs: np.ndarray, labels: Any) -> tupl
         ) from None
 
 
-def check_outputs_fit(adapter: Adapter, recipe: Recipe, train: Dataset) -> None:
+def check_outputs_fit(dist: Distributed, recipe: Recipe, train: Dataset) -> None:
     """Before training, the model's outputs on two examples against what the loss and the
     metrics need of them, so that a mismatch is one line now, not a traceback (or a wrong
     figure) later: class scores (N, ..., C) for labels (N, ...) below C; for mse and mae,
@@ -55,7 +55,7 @@ def check_outputs_fit(adapter: Adapter, recipe: Recipe, train: Dataset) -> None:
     evaluation = recipe.transforms().evaluation
     examples = Transformed(train, evaluation) if evaluation else train
     x, y = take(examples, np.arange(min(2, len(train))))
-    outputs, names = adapter.logits(x), set(recipe.metric_functions)
+    outputs, names = dist.eval_batch(x)[1], set(recipe.metric_functions)
     if recipe.loss == "cross_entropy" or names & set(CLASS_METRICS):
         if isinstance(y, tuple) or outputs.shape[:-1] != y.shape:
             raise UsageError(

@@ -5,7 +5,6 @@ match. The loop imports them; they import nothing of the loop's."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Mapping
@@ -15,14 +14,12 @@ import numpy as np
 from tqdm import tqdm
 
 from hvd_train.callbacks import Callback, State
-from hvd_train.distributed.backend import ElasticState
-from hvd_train.distributed.backends import Adapter
-from hvd_train.errors import ReplicasDiverged
-from hvd_train.options import RunOptions
+from hvd_train.distributed.layer import Distributed, ElasticState
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.learning_rate import LearningRateSchedule
 from hvd_train.recipe.scoring import describe
 from hvd_train.training.metrics import MetricsWriter
+from hvd_train.training.options import RunOptions
 from hvd_train.training.position import EpochPlan, Position
 from hvd_train.training.progress import EpochProgress
 from hvd_train.training.throughput import Throughput
@@ -33,7 +30,7 @@ DATA_WAIT_SHARE = 0.1  # of the steps' time, waiting for batches, that Reporting
 class Loop(Protocol):
     """What the observers read of the loop that calls them (`trainer.Trainer`)."""
 
-    adapter: Adapter
+    dist: Distributed
     recipe: Recipe
     plan: EpochPlan
     schedule: LearningRateSchedule
@@ -86,7 +83,7 @@ class Reporting(Observer):
         loop = self.loop
         label = f"epoch {state.epoch + 1}/{loop.recipe.schedule.epochs}"
         steps = loop.plan.steps_per_epoch
-        self.bar = EpochProgress(label, loop.position.step, steps, loop.adapter.is_rank_zero)
+        self.bar = EpochProgress(label, loop.position.step, steps, loop.dist.is_rank_zero)
         self.losses = []
         self.started = time.perf_counter()
 
@@ -118,7 +115,7 @@ class Reporting(Observer):
         if self.said_data_waits or self.records < 2 or share <= DATA_WAIT_SHARE:
             return
         self.said_data_waits = True
-        if self.loop.adapter.is_rank_zero:
+        if self.loop.dist.is_rank_zero:
             tqdm.write(
                 f"hvd-train: the steps waited for their batches {100 * share:.0f}% of the time "
                 f"with {self.loop.workers} data workers; read further ahead with more "
@@ -133,7 +130,7 @@ class Reporting(Observer):
         if self.losses:  # a stop part way through the epoch: the steps since the last record
             self.record(self.loop.position)
         self.bar.close()
-        if self.loop.adapter.is_rank_zero:
+        if self.loop.dist.is_rank_zero:
             split = self.loop.evaluated_split
             tqdm.write(
                 f"epoch {state.epoch + 1}/{self.loop.recipe.schedule.epochs}: train loss "
@@ -142,7 +139,7 @@ class Reporting(Observer):
             )
 
     def on_train_end(self, state: State) -> None:
-        if self.loop.evaluated_split == "val" and self.loop.adapter.is_rank_zero:
+        if self.loop.evaluated_split == "val" and self.loop.dist.is_rank_zero:
             tqdm.write(f"at the end: {describe(of_split(state.metrics, 'test'))}")
 
 
@@ -164,34 +161,13 @@ class NewestCheckpoints(Observer):
 
 
 class ReplicaCheck(Observer):
-    """Every rank must hold the same trained weights and optimizer state, bit for bit. A
-    difference means the replicas diverged (a bug in hvd_train, Horovod or the model's code),
-    which would otherwise train on silently. Each rank hashes each tensor; the hashes, not the
-    tensors, are gathered. At each evaluation, before anything of it is recorded or saved (the
-    epoch's checkpoint, a best one), so a diverged epoch is never saved."""
+    """The replica check (`Distributed.check_replicas`: every rank holds the same trained
+    weights and optimizer state, bit for bit) at each evaluation, before anything of it is
+    recorded or saved (the epoch's checkpoint, a best one), so a diverged epoch is never
+    saved."""
 
     def on_evaluate(self, state: State, metrics: Mapping[str, float]) -> None:
-        adapter = self.loop.adapter
-        trained = adapter.trained_state()
-        digests = [hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=8).digest()
-                   for array in trained.values()]  # fmt: skip
-        everyone = adapter.allgather_object((list(trained), digests))
-        names, ours = everyone[0]  # rank 0's
-        differing = [
-            (name, rank)
-            for index, name in enumerate(names)
-            for rank, (their_names, theirs) in enumerate(everyone)
-            if their_names != names or theirs[index] != ours[index]
-        ]
-        if differing:
-            name, rank = differing[0]
-            count = len({tensor for tensor, _ in differing})
-            raise ReplicasDiverged(
-                f"{self.loop.where()}, rank {rank} holds another {name} than rank 0 "
-                f"({count} of {len(names)} tensors differ): the replicas diverged, which is a "
-                "bug, and training stopped before saving this point; please report it with the "
-                "run's command"
-            )
+        self.loop.dist.check_replicas(self.loop.where())
 
 
 class ElasticCommits(Observer):
@@ -240,7 +216,7 @@ class EarlyStopping(Observer):
         self.waited += 1
         if self.waited == self.patience:
             state.request_stop()
-            if self.loop.adapter.is_rank_zero:
+            if self.loop.dist.is_rank_zero:
                 tqdm.write(
                     f"hvd-train: early stopping at step {state.step}: {self.monitor} has not "
                     f"improved on {self.sign * self.best:.4f} in {self.patience} evaluations"

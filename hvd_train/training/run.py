@@ -1,5 +1,5 @@
-"""The start of every run (training, eval, bench, the benchmarks and the tests): the framework's
-adapter with Horovod initialised, then the recipe's model built and handed to it."""
+"""The start of every run (training, eval, bench, the benchmarks and the tests): the distributed
+layer with Horovod started, then the recipe's model built and set up on it."""
 
 from __future__ import annotations
 
@@ -9,20 +9,18 @@ from typing import Any
 
 from hvd_train.builders import Layout, build_model
 from hvd_train.checkpoint import Arrays, Checkpoint
-from hvd_train.distributed.backend import buckets
-from hvd_train.distributed.backends import Adapter, create_adapter
+from hvd_train.distributed.layer import Distributed, buckets
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.layers import trained_weight_shapes
 from hvd_train.recipe.settings import Data, Optimizer
-from hvd_train.resume import check_layout, check_weights_fit
+from hvd_train.training.resume import check_layout, check_weights_fit
 
 
-def start(framework: str, recipe: Recipe | None = None) -> Adapter:
-    """`framework`'s adapter, with Horovod initialised and this process pinned to its device;
-    `recipe`, where it is known this early, tells whether its step may overlap the exchange."""
-    adapter = create_adapter(framework)
-    adapter.init(may_overlap=recipe is None or may_overlap(recipe))
-    return adapter
+def start(framework: str, recipe: Recipe | None = None) -> Distributed:
+    """The distributed layer under `framework`, with Horovod started and this process pinned
+    to its device; `recipe`, where it is known this early, tells whether its step may overlap
+    the exchange."""
+    return Distributed(framework, may_overlap=recipe is None or may_overlap(recipe))
 
 
 def may_overlap(recipe: Recipe) -> bool:
@@ -41,33 +39,37 @@ def may_overlap(recipe: Recipe) -> bool:
 
 @dataclass(frozen=True)
 class Run:
-    """A recipe's model, set up on a started adapter, and how checkpoints hold its weights."""
+    """A recipe's model, set up on a started layer, and how checkpoints hold its weights."""
 
-    adapter: Adapter
+    dist: Distributed
     recipe: Recipe
     layout: Layout
     model: Any  # the framework's own: a torch module, a Keras model
 
     def weights(self) -> Arrays:
         """The model's weights as checkpoints hold them."""
-        return self.layout.to_saved(self.adapter.weights())
+        return self.layout.to_saved(self.dist.state().weights)
 
     def load_weights(self, checkpoint: Checkpoint, remedy: str) -> None:
         """Loads `checkpoint`'s weights, once they are known to fit this model; `remedy` is
         what the message of a checkpoint of another model tells the user to do."""
-        check_layout(checkpoint, self.adapter.name, self.layout.name)
+        check_layout(checkpoint, self.dist.framework, self.layout.name)
         check_weights_fit(checkpoint, self.weights(), remedy)
-        self.adapter.load_state(
-            weights=self.layout.from_saved(checkpoint.weights, self.adapter.weights())
-        )
+        current = self.dist.state().weights
+        self.dist.load_state(weights=self.layout.from_saved(checkpoint.weights, current))
 
 
-def open_run(framework: str | Adapter, recipe: Recipe, seed: int) -> Run:
-    """`recipe`'s model, built from `seed`, set up on `framework`'s adapter (started here, or
+def open_run(framework: str | Distributed, recipe: Recipe, seed: int) -> Run:
+    """`recipe`'s model, built from `seed`, set up on `framework`'s layer (started here, or
     already started when the recipe had to be read with its collectives)."""
-    adapter = start(framework, recipe) if isinstance(framework, str) else framework
-    precision = recipe.schedule.precision
-    built = build_model(recipe, adapter.name, seed)
-    assert isinstance(recipe.optimizer, Optimizer)  # a function given is one's `function`
-    adapter.setup(built.model, recipe.optimizer, recipe.loss, recipe.horovod, precision)
-    return Run(adapter, recipe, built.layout, built.model)
+    dist = start(framework, recipe) if isinstance(framework, str) else framework
+    built = build_model(recipe, dist.framework, seed)
+    horovod, optimizer = recipe.horovod, recipe.optimizer
+    assert isinstance(optimizer, Optimizer)  # a function given is one's `function`
+    model, _ = dist.setup(
+        built.model, optimizer, compression=horovod.compression, overlap=horovod.overlap,
+        backward_passes_per_step=horovod.backward_passes_per_step,
+        gradient_clip_norm=optimizer.gradient_clip_norm, precision=recipe.schedule.precision,
+        loss=recipe.loss,
+    )  # fmt: skip
+    return Run(dist, recipe, built.layout, model)

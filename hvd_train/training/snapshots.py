@@ -18,8 +18,8 @@ from hvd_train.checkpoint import (
 )
 from hvd_train.recipe.learning_rate import LearningRateSchedule
 from hvd_train.recipe.toml import recipe_toml
-from hvd_train.resume import check_continues, optimizer_misfit
 from hvd_train.training.position import EpochPlan, Position
+from hvd_train.training.resume import check_continues, optimizer_misfit
 from hvd_train.training.run import Run
 from hvd_train.version import __version__
 
@@ -35,7 +35,7 @@ class Snapshots:
         """Rank 0 writes a checkpoint of `position`, with what the `callbacks` keep; its path,
         on every rank. A failed write stops every rank with its message."""
         state = self.state(position, plan, schedule, callbacks)
-        return self.run.adapter.on_rank_zero(
+        return self.run.dist.on_rank_zero(
             lambda: self.write(self.directory, position, plan, state, self.keep)
         )
 
@@ -63,11 +63,11 @@ class Snapshots:
                     shutil.rmtree(old, ignore_errors=True)
             return path
 
-        return self.run.adapter.on_rank_zero(keep)
+        return self.run.dist.on_rank_zero(keep)
 
     def write(self, folder: Path, position: Position, plan: EpochPlan, state: dict[str, Any],
               keep: int) -> Path:  # fmt: skip
-        held = self.run.adapter.state()
+        held = self.run.dist.state()
         return save_checkpoint(
             folder, checkpoint_name(position.epoch, plan.samples(position)),
             self.run.layout.to_saved(held.weights), held.optimizer, state,
@@ -79,7 +79,7 @@ class Snapshots:
         callbacks: dict[str, Any],
     ) -> dict[str, Any]:  # fmt: skip
         """What state.json records of `position`, beside the tensors."""
-        recipe, adapter = self.run.recipe, self.run.adapter
+        recipe, dist = self.run.recipe, self.run.dist
         return {
             "epoch": position.epoch,
             "step_in_epoch": position.step,
@@ -87,7 +87,7 @@ class Snapshots:
             "global_step": plan.global_step(position),
             "seed": self.seed,
             "limit_steps": self.limit_steps,
-            "world_size": adapter.world_size,
+            "world_size": dist.world_size,
             "global_batch_size": plan.global_batch,
             "learning_rate": {
                 "base": schedule.base,
@@ -98,20 +98,20 @@ class Snapshots:
             "recipe_source": recipe.source,
             "recipe_hash": recipe.recipe_hash(),
             "layout": self.run.layout.name,
-            "framework": adapter.name,
+            "framework": dist.framework,
             "hvd_train_version": __version__,
             "callbacks": callbacks,
         }
 
     def load(self, checkpoint: Checkpoint, plan: EpochPlan) -> Position:
         """Loads `checkpoint` into rank 0's model and optimizer; where it stands."""
-        state, adapter = checkpoint.state, self.run.adapter
+        state, dist = checkpoint.state, self.run.dist
         position = plan.position_at(state["epoch"], state["samples_in_epoch"])
         self.run.load_weights(checkpoint, "resume with that recipe or choose another --output-dir")
-        check_continues(checkpoint, adapter.name, position, self.run.recipe.schedule.epochs,
+        check_continues(checkpoint, dist.framework, position, self.run.recipe.schedule.epochs,
                         self.directory.parent)  # fmt: skip
         try:
-            adapter.load_state(optimizer=checkpoint.optimizer)
+            dist.load_state(optimizer=checkpoint.optimizer)
         except (ValueError, KeyError, RuntimeError) as error:
             raise optimizer_misfit(checkpoint, error) from None
         print(f"hvd-train: resuming from {checkpoint.path}", flush=True)

@@ -8,7 +8,6 @@ dropped: training goes on, and the records are kept locally.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,31 +16,12 @@ from typing import Any
 from tqdm import tqdm
 
 from hvd_train.checkpoint import BEST, best_checkpoint, checkpoints
-from hvd_train.errors import UsageError
 
-TRACKERS = ("mlflow", "csv")
 # Where the tracking server does not answer, MLflow's client retries for minutes by default;
 # a few seconds, unless the user says otherwise, then the run goes on without it.
 MLFLOW_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 # The records' figures a tracker takes as metrics (their positions are its steps).
 NOT_FIGURES = ("kind", "epoch", "step", "learning_rates")
-
-
-def checked_trackers(names: Any, given_as: str) -> tuple[str, ...]:
-    """Trackers' names (`--track`'s, or the recipe's `output.trackers`), each known and its
-    library installed; `given_as` names where they were given."""
-    names = (names,) if isinstance(names, str) else tuple(names or ())
-    for name in names:
-        if name not in TRACKERS:
-            raise UsageError(
-                f"{given_as}: unknown tracker {name!r}; choose from {', '.join(TRACKERS)}"
-            )
-        if name != "csv" and importlib.util.find_spec(name) is None:
-            raise UsageError(
-                f"{given_as}: the {name} tracker needs the {name} package, which is not "
-                f"installed; pip install 'hvd_train[{name}]'"
-            )
-    return tuple(dict.fromkeys(names))
 
 
 class Tracker:

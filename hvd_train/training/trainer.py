@@ -1,10 +1,11 @@
 """The framework-neutral training loop, shaped as pytorch/examples' DDP tutorial shapes it:
 `run_step`, `run_epoch`, `save_snapshot` (and `resume`), `fit`.
 
-It is handed its collaborators built: the run (adapter and model), the data, the records, the
-snapshots. What happens at its events besides training is its observers' (`observers.py`), then
-the recipe's callbacks' (`callbacks.py`), which it calls alike. It talks to the framework only
-through the adapter. Rank 0 alone writes files and shows progress; every rank runs the same
+It is handed its collaborators built: the run (the distributed layer and the model), the data,
+the records, the snapshots. What happens at its events besides training is its observers'
+(`observers.py`), then the recipe's callbacks' (`callbacks.py`), which it calls alike. It talks
+to the framework only through the distributed layer (`hvd_train.distributed.layer`), as a loop
+of one's own does. Rank 0 alone writes files and shows progress; every rank runs the same
 steps and collectives, and stops at the same step.
 """
 
@@ -12,8 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import signal
 import time
 from collections import Counter
@@ -29,14 +28,14 @@ from hvd_train.callbacks import Callback, State
 from hvd_train.checkpoint import BEST, Checkpoint, set_aside_later
 from hvd_train.data import Splits
 from hvd_train.data.pipeline import Step, Taken, augmentation, read_ahead, workers_for
-from hvd_train.data.sharding import epoch_order, shard_steps
-from hvd_train.distributed.backend import Elastic, ElasticState, StepResult
+from hvd_train.data.sharding import epoch_order, shard_steps, step_seed
+from hvd_train.distributed.layer import ElasticState, StepResult
 from hvd_train.errors import Stopped, UsageError
-from hvd_train.options import RunOptions
 from hvd_train.recipe.learning_rate import LearningRateSchedule
 from hvd_train.training.evaluation import evaluate
 from hvd_train.training.metrics import MetricsWriter, write_error
 from hvd_train.training.observers import loop_observers
+from hvd_train.training.options import RunOptions
 from hvd_train.training.position import EpochPlan, Position
 from hvd_train.training.run import Run
 from hvd_train.training.snapshots import Snapshots
@@ -45,22 +44,11 @@ from hvd_train.training.throughput import Throughput
 from hvd_train.version import __version__
 
 
-def host_name() -> str:
-    """This rank's host as horovodrun named it (-H, --hostfile), else the machine's name."""
-    return os.environ.get("HOROVOD_HOSTNAME") or platform.node()
-
-
-def step_seed(seed: int, global_step: int, rank: int) -> int:
-    """The dropout seed of one step on one rank. Derived, not carried, so a resumed run draws
-    exactly the numbers the uninterrupted run would have drawn."""
-    return int(np.random.SeedSequence([seed, global_step, rank]).generate_state(1)[0])
-
-
 class Trainer:
     def __init__(self, run: Run, data: Splits, options: RunOptions, snapshots: Snapshots,
                  records: MetricsWriter) -> None:  # fmt: skip
         self.run, self.data, self.options = run, data, options
-        self.adapter, self.recipe = run.adapter, run.recipe
+        self.dist, self.recipe = run.dist, run.recipe
         self.snapshots, self.records = snapshots, records
         assert options.output_dir is not None and options.seed is not None, "decided by now"
         self.output_dir, self.seed = options.output_dir, options.seed
@@ -82,14 +70,14 @@ class Trainer:
         """What follows from the world size and this rank: steps per epoch (every rank takes a
         new shard), global batch, learning rate, and who writes the records. Called again when
         an elastic job resizes (rank 0 may then be another process)."""
-        world_size, recipe = self.adapter.world_size, self.recipe
-        self.records.enabled = self.adapter.is_rank_zero
+        world_size, recipe = self.dist.world_size, self.recipe
+        self.records.enabled = self.dist.is_rank_zero
         self.plan = EpochPlan.for_world(
             len(self.data.train), world_size, recipe.schedule, recipe.horovod,
             self.options.limit_steps,
         )  # fmt: skip
         self.schedule = LearningRateSchedule.from_recipe(
-            recipe.schedule, self.adapter.learning_rate,
+            recipe.schedule, self.dist.learning_rate,
             world_size * recipe.horovod.backward_passes_per_step, self.plan.steps_per_epoch,
         )  # fmt: skip
 
@@ -102,32 +90,32 @@ class Trainer:
     def run_step(self, batches: Iterator[Taken], indices: Step, step: int) -> StepResult:
         """One optimizer step on this rank's next batches (one per backward pass), whose
         examples are `indices`; the wait for them is the step's T_data."""
-        adapter = self.adapter
+        dist = self.dist
         started = time.perf_counter()
         taken = next(batches)
         waited = time.perf_counter() - started
         if self.records.failure:
             self.requests.failure = self.records.failure
-        result = adapter.train_step(
-            taken, self.schedule(step), step_seed(self.seed, step, adapter.rank),
+        result = dist.train_step(
+            taken, self.schedule(step), step_seed(self.seed, step, dist.rank),
             self.requests.flags(),
         )  # fmt: skip
-        images = sum(map(len, indices)) * adapter.world_size
+        images = sum(map(len, indices)) * dist.world_size
         self.throughput.add(images, time.perf_counter() - started, result, waited)
         return result
 
     def run_epoch(self, epoch: int, first_step: int) -> bool:
         """Trains epoch `epoch` from `first_step` on, then evaluates; whether training goes on
         (no callback asked it to stop)."""
-        adapter, steps = self.adapter, self.plan.steps_per_epoch
+        dist, steps = self.dist, self.plan.steps_per_epoch
         order = epoch_order(len(self.data.train), self.seed, epoch)
-        shard = shard_steps(order, adapter.rank, adapter.world_size,
+        shard = shard_steps(order, dist.rank, dist.world_size,
                             self.recipe.schedule.batch_size,
                             self.recipe.horovod.backward_passes_per_step)  # fmt: skip
         self.epoch, self.position = epoch, Position(epoch, first_step)
         self.notify("on_epoch_start")
         loading = self.recipe.loading
-        self.workers = workers_for(loading.workers, self.data.train, adapter.threads_per_rank())
+        self.workers = workers_for(loading.workers, self.data.train, dist.threads)
         losses, asked = [], False
         augment = augmentation(self.recipe.transforms(), self.seed, epoch)
         reading = read_ahead(self.data.train, shard[first_step:steps], self.workers,
@@ -174,7 +162,7 @@ class Trainer:
         the observers and callbacks."""
         dataset = self.data.validation if split == "val" else self.data.test
         assert dataset is not None, "evaluated_split says which there is"
-        results = evaluate(self.adapter, dataset, self.recipe.metric_functions)
+        results = evaluate(self.dist, dataset, self.recipe.metric_functions)
         figures = {f"{split}_{name}": value for name, value in results.items()}
         if split == "test":
             self.tested = figures
@@ -197,18 +185,18 @@ class Trainer:
                 "continue from the newest checkpoint with --resume",
                 every_rank=True,
             )
-        return bool(result.flags.any()) and self.stop()
+        return bool(result.carried.any()) and self.stop()
 
     def gather_stops(self, flags: np.ndarray) -> bool:
         """Where no step follows to carry them: `flags` summed over the ranks at once, and
         acted on; whether a callback asked to stop."""
-        return bool(self.adapter.allreduce_sum(flags).any()) and self.stop()
+        return bool(self.dist.all_reduce(flags, op="sum").any()) and self.stop()
 
     def stop(self) -> bool:
         """Acts on the stops that some rank asked for, on every rank together: a failed write
         ends the job with its message; a callback that raised, or a signal, with a checkpoint
         here and how to resume. True when only a callback's request is left."""
-        everyone = self.adapter.allgather_object(self.requests.reasons())
+        everyone = self.dist.all_gather(self.requests.reasons())
         failures, errors, signals, asked = ([reasons[k] for reasons in everyone] for k in range(4))
         if any(failures):
             raise UsageError(next(f for f in failures if f), every_rank=True)
@@ -218,7 +206,7 @@ class Trainer:
         where = self.where()
         if any(errors):
             rank, error = next((rank, e) for rank, e in enumerate(errors) if e)
-            on_rank = f"rank {rank}: " if self.adapter.world_size > 1 else ""
+            on_rank = f"rank {rank}: " if self.dist.world_size > 1 else ""
             raise UsageError(
                 f"{on_rank}{error}; training stopped {where} after saving a checkpoint; fix "
                 f"the callback and {resume}",
@@ -228,7 +216,7 @@ class Trainer:
             signum = next(s for s in signals if s)
             name = signal.Signals(signum).name
             message = f"stopped by {name} {where}, after saving a checkpoint; {resume}"
-            if self.adapter.is_rank_zero:
+            if self.dist.is_rank_zero:
                 tqdm.write(f"hvd-train: {message}")
             raise Stopped(signum, message)
         return any(asked)
@@ -245,7 +233,7 @@ class Trainer:
         """Calls `event` of the loop's observers, then of the recipe's callbacks. A callback
         that raises does not stop this rank at once (the others would wait for it in the next
         collective): its error becomes a stop request, which every rank acts on together."""
-        state = State(self.adapter.rank, self.adapter.world_size, self.epoch,
+        state = State(self.dist.rank, self.dist.world_size, self.epoch,
                       self.plan.global_step(self.position), MappingProxyType(dict(self.figures)),
                       self.run.model, self.ask_to_stop)  # fmt: skip
         for observer in self.observers:
@@ -308,7 +296,7 @@ class Trainer:
         """Every rank: rank 0 resumes from `checkpoint` (None on the others, which receive the
         weights by broadcast), and every rank's observers and callbacks take back the state
         they kept in it. Where training goes on."""
-        position, states = self.adapter.on_rank_zero(lambda: self.load_snapshot(checkpoint))
+        position, states = self.dist.on_rank_zero(lambda: self.load_snapshot(checkpoint))
         for key, callback in self.keyed_callbacks():
             if key in states:
                 callback.load_state_dict(states[key])
@@ -372,11 +360,10 @@ class Trainer:
             position = self.plan.position_at(state.epoch, state.samples)
             # Rank 0 may be new, on another host: give it the run's folder, without the records
             # of steps after the commit that the job went back to.
-            self.adapter.on_rank_zero(lambda: self.reopen_output(position))
+            self.dist.on_rank_zero(lambda: self.reopen_output(position))
             return self.fit(position)
 
-        assert isinstance(self.adapter, Elastic), "checked when the run started"
-        return self.adapter.run_elastic(loop)
+        return self.dist.run_elastic(loop)
 
     def reopen_output(self, position: Position) -> None:
         try:
@@ -386,11 +373,11 @@ class Trainer:
         self.records.keep_until(self.examples(position))
 
     def summary(self, seconds: float, stopped: bool) -> dict[str, Any]:
-        adapter, recipe = self.adapter, self.recipe
+        dist, recipe = self.dist, self.recipe
         return {
             "recipe": recipe.name,
-            "framework": adapter.name,
-            "world_size": adapter.world_size,
+            "framework": dist.framework,
+            "world_size": dist.world_size,
             "epochs": recipe.schedule.epochs,
             "global_batch_size": self.plan.global_batch,
             "learning_rate": self.schedule.peak,
@@ -399,7 +386,7 @@ class Trainer:
             "stopped_early": stopped,  # by a callback or early stopping
             "train_seconds": round(seconds, 2),
             **self.throughput.figures(),
-            "hosts": dict(Counter(adapter.allgather_object(host_name()))),
+            "hosts": dict(Counter(dist.all_gather(dist.host))),
             "hvd_train_version": __version__,
             "settings": recipe.settings_table(),  # the effective recipe
         }

@@ -6,8 +6,10 @@ backward passes accumulate into it exactly what autograd computes. Prints OK, or
 import torch
 from torch import nn
 
-from hvd_train.distributed.torch import Exchange
+from hvd_train.distributed.torch.exchange import Exchange
 from hvd_train.errors import UsageError
+
+CPU = torch.device("cpu")
 
 
 def model() -> nn.Module:
@@ -19,7 +21,7 @@ def model() -> nn.Module:
 def gradients_are_views_of_one_buffer_in_the_parameters_layout(layout) -> None:
     net = model().to(memory_format=layout)
     parameters = list(net.parameters())
-    exchange = Exchange(parameters, None, torch.device("cpu"))
+    exchange = Exchange(parameters, None, CPU, passes=1, overlap=False, exchanges=False)
     x = torch.randn(6, 3, 8, 8).to(memory_format=layout)
     y = torch.randint(0, 5, (6,))
     expected = torch.autograd.grad(nn.functional.cross_entropy(net(x), y), parameters)
@@ -31,7 +33,7 @@ def gradients_are_views_of_one_buffer_in_the_parameters_layout(layout) -> None:
         assert parameter.grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
         assert parameter.grad.stride() == parameter.stride()
         torch.testing.assert_close(parameter.grad, 2 * gradient, rtol=1e-6, atol=1e-7)
-    # `gradients`, whose norm the adapter reports, holds every .grad and no control value.
+    # `gradients`, whose norm the backend reports, holds every .grad and no control value.
     exchange.control.fill_(1e3)
     every = nn.utils.get_total_norm([p.grad for p in parameters])
     torch.testing.assert_close(torch.linalg.vector_norm(exchange.gradients), every)
@@ -42,7 +44,7 @@ def gradients_are_views_of_one_buffer_in_the_parameters_layout(layout) -> None:
 
 def a_gradient_set_elsewhere_goes_back_into_the_buffer_when_cleared() -> None:
     parameters = list(model().parameters())
-    exchange = Exchange(parameters, None, torch.device("cpu"))
+    exchange = Exchange(parameters, None, CPU, passes=1, overlap=False, exchanges=False)
     parameters[0].grad = None
     parameters[1].grad = torch.ones_like(parameters[1])
     exchange.clear()
@@ -52,7 +54,7 @@ def a_gradient_set_elsewhere_goes_back_into_the_buffer_when_cleared() -> None:
 def parameters_of_several_dtypes_are_refused_by_name() -> None:
     parameters = [nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(3, dtype=torch.float64))]
     try:
-        Exchange(parameters, None, torch.device("cpu"))
+        Exchange(parameters, None, CPU, passes=1, overlap=False, exchanges=False)
     except UsageError as error:
         assert "several dtypes (float32, float64)" in str(error) and "module.float()" in str(error)
     else:

@@ -1,12 +1,13 @@
-"""Runs in its own process (pytest must not load a Horovod binding): the torch adapter's module
-is in the mode each pass asks for, though the adapter sets it only when it changes. Prints OK,
+"""Runs in its own process (pytest must not load a Horovod binding): the torch backend's module
+is in the mode each pass asks for, though the backend sets it only when it changes. Prints OK,
 or fails.
 """
 
 import torch
 from torch import nn
 
-from hvd_train.distributed.torch import TorchModule
+from hvd_train.distributed.torch.export import Served
+from hvd_train.distributed.torch.modules import TorchModule
 
 
 class Frozen(nn.Module):
@@ -27,7 +28,7 @@ def modes(module: nn.Module) -> set[bool]:
 
 
 if __name__ == "__main__":
-    net = TorchModule(Frozen(), autocast=None)
+    net = TorchModule(Frozen())
     x = torch.ones(3, 4)
     net.forward(x, training=True)  # the whole module trains, as when every pass set the mode
     assert modes(net.module) == {True}, "the first training pass left a part in eval mode"
@@ -35,7 +36,7 @@ if __name__ == "__main__":
     assert modes(net.module) == {False}
     net.forward(x, training=True)
     assert modes(net.module) == {True}
-    net.served(mixed=False).eval()  # as export does, behind the adapter's back
+    Served(net.module, channels_first=True).eval()  # as export does, behind the backend's back
     net.forward(x, training=True)
     assert modes(net.module) == {True}, "a pass after export trained in eval mode"
     print("OK")

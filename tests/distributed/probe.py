@@ -1,4 +1,4 @@
-"""Runs one framework's adapter in its own process (so pytest never loads a Horovod binding)
+"""Runs one framework's backend in its own process (so pytest never loads a Horovod binding)
 and saves what the layout tests compare.
 
 usage: probe.py FRAMEWORK RECIPE DATA_DIR WEIGHTS.safetensors OUT.npz
@@ -24,29 +24,29 @@ data = load_data(recipe, Path(data_dir))
 
 
 run = open_run(framework, recipe, seed=0)
-adapter = run.adapter
-adapter.load_state(weights=run.layout.from_saved(load_file(weights_path), adapter.weights()))
+dist = run.dist
+dist.load_state(weights=run.layout.from_saved(load_file(weights_path), dist.state().weights))
 saved = {f"weights.{name}": array for name, array in run.weights().items()}
 images, _ = take(data.test, np.arange(32))
-saved["logits"] = adapter.logits(images)
+saved["logits"] = dist.eval_batch(images)[1]
 if framework == "torch":
-    trained = sum(p.numel() for _, p in adapter.net.trainable())
+    trained = sum(p.numel() for _, p in dist.backend.net.trainable())
 else:
-    trained = sum(int(np.prod(v.shape)) for v in adapter.model.trainable_weights)
+    trained = sum(int(np.prod(v.shape)) for v in dist.model.trainable_weights)
 saved["trained_parameters"] = np.array(trained)
 
 # One step at learning rate 0 moves only batchnorm's running statistics.
-adapter.train_step([take(data.train, np.arange(64))], 0.0, 0, np.zeros(2))
+dist.train_step([take(data.train, np.arange(64))], 0.0, 0, np.zeros(2))
 saved |= {f"stepped.{name}": array for name, array in run.weights().items()}
 
 # The biases in a parameter group of their own: the state keeps the parameters' order.
 grouped = recipe.with_overrides({"weight_decay_exclude": ["bias"]})
-adapter = open_run(framework, grouped, seed=0).adapter
+dist = open_run(framework, grouped, seed=0).dist
 for step in range(2):  # give the optimizer some state
     batch = take(data.train, np.arange(64 * step, 64 * (step + 1)))
-    adapter.train_step([batch], 0.001, step, np.zeros(2))
-state = adapter.state().optimizer
-fresh = open_run(framework, grouped, seed=1).adapter
+    dist.train_step([batch], 0.001, step, np.zeros(2))
+state = dist.state().optimizer
+fresh = open_run(framework, grouped, seed=1).dist
 fresh.load_state(optimizer=state)
 saved |= {f"optimizer.{name}": array for name, array in state.items()}
 saved |= {f"restored.{name}": array for name, array in fresh.state().optimizer.items()}

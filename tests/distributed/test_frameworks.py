@@ -1,6 +1,6 @@
 """The framework registry (`hvd_train/distributed/frameworks.py`): nothing outside a
-framework's adapter and builder and the registry names a framework or imports it, and each
-registered adapter and builder is what its entry says (checked in a process of its own, as one
+framework's backend and builder and the registry names a framework or imports it, and each
+registered backend and builder is what its entry says (checked in a process of its own, as one
 process loads one Horovod binding)."""
 
 import ast
@@ -23,10 +23,11 @@ def module_file(module: str) -> Path:
 
 
 def own_files() -> set[Path]:
-    """The registry, and each framework's adapter and builder."""
+    """The registry, and each framework's backend package and builder."""
     files = {PACKAGE / "distributed" / "frameworks.py"}
     for framework in FRAMEWORKS.values():
-        files |= {module_file(framework.adapter.split(":")[0]), module_file(framework.builder)}
+        package = REPO / framework.backend.split(":")[0].replace(".", "/")
+        files |= {*package.rglob("*.py"), module_file(framework.builder)}
     return files
 
 
@@ -73,17 +74,17 @@ def test_the_scan_finds_a_framework_named_elsewhere(tmp_path):
 
 
 @pytest.mark.parametrize("framework", PARAMETERS)
-def test_each_entry_names_its_adapter_and_builder(framework):
+def test_each_entry_names_its_backend_and_builder(framework):
     entry = FRAMEWORKS[framework]
-    module, name = entry.adapter.split(":")
+    module, name = entry.backend.split(":")
     probe = (
         "import importlib\n"
-        "from hvd_train.distributed.backends import create_adapter\n"
-        f"adapter = create_adapter({framework!r})\n"
-        f"assert type(adapter).__module__ == {module!r} and type(adapter).__name__ == {name!r}\n"
-        f"assert adapter.name == {framework!r} and adapter.hvd.__name__ == {entry.binding!r}\n"
+        "from hvd_train.distributed.frameworks import create_backend\n"
+        f"backend = create_backend({framework!r})\n"
+        f"assert type(backend).__module__ == {module!r} and type(backend).__name__ == {name!r}\n"
+        f"assert backend.name == {framework!r} and backend.hvd.__name__ == {entry.binding!r}\n"
         "from hvd_train.recipe.settings import LOSSES\n"
-        "assert set(adapter.losses) == set(LOSSES)  # every loss a recipe may name\n"
+        "assert set(backend.losses) == set(LOSSES)  # every loss a recipe may name\n"
         f"builder = importlib.import_module({entry.builder!r})\n"
         "assert all(callable(getattr(builder, f))\n"
         "           for f in ('build_neutral', 'seed', 'own_model'))\n"
@@ -93,13 +94,14 @@ def test_each_entry_names_its_adapter_and_builder(framework):
     assert result.returncode == 0, result.stderr
 
 
-def test_the_adapter_surface_is_the_documented_one() -> None:
-    """What a new framework must write is `Adapter`'s abstract methods, each named on the
+def test_the_backend_surface_is_the_documented_one() -> None:
+    """What a new framework must write is `Backend`'s abstract methods, each named on the
     "Adding a framework" page; a method added to them is added there too."""
-    from hvd_train.distributed.backend import Adapter
+    from hvd_train.distributed.backend import Backend
 
     page = (REPO / "docs" / "adding-a-framework.md").read_text()
-    abstract = sorted(Adapter.__abstractmethods__)
-    assert abstract == sorted(["init", "setup", "step", "eval_batch", "broadcast_state",
-                               "sync_buffers", "state", "load_state"])  # fmt: skip
+    abstract = sorted(Backend.__abstractmethods__)
+    assert abstract == sorted(["start", "setup", "step", "eval_batch", "broadcast_state",
+                               "sync_buffers", "state", "load_state", "tensors", "reseed",
+                               "layout", "overlapping", "scale_learning_rate"])  # fmt: skip
     assert [name for name in abstract if f"`{name}`" not in page] == []

@@ -1,5 +1,5 @@
-"""One Horovod binding per process: the package loads no framework until an adapter is chosen,
-and an adapter refuses to load beside the other framework's binding."""
+"""One Horovod binding per process: the package loads no framework until a backend is chosen,
+and a backend refuses to load beside the other framework's binding."""
 
 import subprocess
 import sys
@@ -51,11 +51,11 @@ def test_a_training_process_loads_only_its_own_binding(framework, mnist_dir, tmp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_an_adapter_refuses_to_load_beside_the_other_binding(framework):
+def test_a_backend_refuses_to_load_beside_the_other_binding(framework):
     other = "tensorflow" if framework == "torch" else "torch"
     code = (
-        f"import {BINDINGS[other]}\nfrom hvd_train.distributed.backends import create_adapter\n"
-        f"create_adapter({framework!r})"
+        f"import {BINDINGS[other]}\nfrom hvd_train.distributed.layer import Distributed\n"
+        f"Distributed({framework!r})"
     )
     result = python(code)
     assert result.returncode != 0

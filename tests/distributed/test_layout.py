@@ -17,7 +17,7 @@ from hvd_train.recipe.layers import neutral_weight_shapes, trainable_parameter_c
 from tests.conftest import FRAMEWORKS
 from tests.reference import reference_logits
 
-# Each test starts an adapter in a process of its own: make test runs them, test-quick not.
+# Each test starts a backend in a process of its own: make test runs them, test-quick not.
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent

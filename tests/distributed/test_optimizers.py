@@ -1,4 +1,4 @@
-"""The optimizers' settings under each adapter, in a process of its own: `weight_decay_exclude`
+"""The optimizers' settings under each dist, in a process of its own: `weight_decay_exclude`
 keeps biases and normalisation layers from weight decay, coupled (sgd) and decoupled (adamw),
 and every other parameter takes it; rmsprop and sgd with Nesterov momentum take under Keras
 the steps torch's own optimizers take; a Python recipe's own optimizer takes the schedule's
@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import FRAMEWORKS
 
-pytestmark = pytest.mark.slow  # each test starts an adapter in a process of its own
+pytestmark = pytest.mark.slow  # each test starts a backend in a process of its own
 
 # A convolution, a batchnorm and a dense layer: two kernels, two biases, gamma and beta.
 RECIPE = """
@@ -39,22 +39,21 @@ import json, sys
 import numpy as np
 from hvd_train.data import load_data, take
 from hvd_train.recipe import load_recipe
-from hvd_train.training.run import open_run, start
+from hvd_train.training.run import open_run
 
 recipe = load_recipe(sys.argv[2])
-adapter = start(sys.argv[1], recipe)
 batch = take(load_data(recipe, None).train, np.arange(32))
 report, start_weights = {}, None
 for name in ("sgd", "adamw"):
     weights = []
-    for decay in (0.5, 0.0):
-        open_run(adapter, recipe.with_overrides({
-            "name": name, "weight_decay": decay, "weight_decay_exclude": ["BIAS", "norm"]}), 0)
-        start_weights = start_weights or {k: v.copy() for k, v in adapter.weights().items()}
-        adapter.load_state(weights=start_weights)
-        before = {k: v for k, v in adapter.trained_state().items() if k.startswith("weight.")}
-        adapter.train_step([batch], 0.1, 0, np.zeros(2))
-        weights.append((before, adapter.trained_state()))
+    for decay in (0.5, 0.0):  # each a new layer, set up once
+        dist = open_run(sys.argv[1], recipe.with_overrides({
+            "name": name, "weight_decay": decay, "weight_decay_exclude": ["BIAS", "norm"]}), 0).dist
+        start_weights = start_weights or {k: v.copy() for k, v in dist.state().weights.items()}
+        dist.load_state(weights=start_weights)
+        before = {k: v for k, v in dist.trained_state().items() if k.startswith("weight.")}
+        dist.train_step([batch], 0.1, 0, np.zeros(2))
+        weights.append((before, dist.trained_state()))
     (before, decayed), (_, plain) = weights
     kinds = []
     for key, start_value in before.items():
@@ -86,7 +85,7 @@ def test_weight_decay_exclude_keeps_biases_and_norms_from_the_decay(framework, t
     assert report == {"sgd": expected, "adamw": expected}
 
 
-# Three steps of each optimizer as the adapter makes it, from the same weights and gradients
+# Three steps of each optimizer as the backend makes it, from the same weights and gradients
 # (standard normal: none near 0, where RMSprop's epsilon and the rounding would dominate).
 STEPS = """
 import json, sys
@@ -101,7 +100,7 @@ for settings in json.loads(sys.argv[2]):
     config = Optimizer(**settings, learning_rate=0.01)
     if sys.argv[1] == "torch":
         import torch
-        from hvd_train.distributed.torch import _optimizer
+        from hvd_train.distributed.torch.optimizers import _optimizer
         weight = torch.nn.Parameter(torch.from_numpy(start.copy()))
         optimizer = _optimizer(config, [weight], [True])
         for gradient in gradients:
@@ -110,7 +109,7 @@ for settings in json.loads(sys.argv[2]):
         results.append(weight.detach().numpy().tolist())
     else:
         import keras
-        from hvd_train.distributed.tensorflow import _optimizer
+        from hvd_train.distributed.tensorflow.optimizers import _optimizer
         weight = keras.Variable(start)
         optimizer = _optimizer(config)
         for gradient in gradients:
@@ -138,7 +137,7 @@ def test_rmsprop_and_nesterov_take_torchs_steps_under_keras():
                                    err_msg=str(settings))  # fmt: skip
 
 
-# A Python recipe's own optimizer, made by its function: one step through the adapter at the
+# A Python recipe's own optimizer, made by its function: one step through the backend at the
 # schedule's rate 0.5, where the function's rate is 0.1 (the torch head's group: 0.01), against
 # the framework's own step from the same weights at 0.5 (the head: 0.05); its state saved, and
 # loaded into a new run's optimizer; a step under fp16-mixed (its loss scaled). Then the
@@ -149,7 +148,7 @@ import numpy as np
 from hvd_train import Data, Recipe
 from hvd_train.data import load_data, take
 from hvd_train.errors import UsageError
-from hvd_train.training.run import open_run, start
+from hvd_train.training.run import open_run
 
 DATA = Data("synthetic", input_shape=(8, 8, 1), num_classes=4, train_samples=64, test_samples=16)
 framework = sys.argv[1]
@@ -189,54 +188,54 @@ else:
 
     recipe = Recipe(data=DATA, keras_model=model, optimizer=own)
 
-adapter = start(framework, recipe)
-open_run(adapter, recipe, 0)
+dist = open_run(framework, recipe, 0).dist
 x, y = batch = take(load_data(recipe, None).train, np.arange(32))
 if framework == "torch":
-    reference = copy.deepcopy(adapter.net.module)
+    reference = copy.deepcopy(dist.backend.net.module)
     plain = torch.optim.SGD(groups(reference, 0.05), lr=0.5, momentum=0.9)
     loss = F.cross_entropy(reference(torch.from_numpy(x).permute(0, 3, 1, 2)), torch.from_numpy(y))
     loss.backward()
     plain.step()
     expected = [p.detach().numpy() for p in reference.parameters()]
-    adapter.train_step([batch], 0.5, 0, np.zeros(2))
-    rates = [group["lr"] for group in adapter.optimizer.param_groups]
-    trained = [p.detach().numpy() for p in adapter.net.module.parameters()]
+    dist.train_step([batch], 0.5, 0, np.zeros(2))
+    rates = [group["lr"] for group in dist.optimizer.param_groups]
+    trained = [p.detach().numpy() for p in dist.backend.net.module.parameters()]
 else:
-    reference = keras.models.clone_model(adapter.model)
-    reference.set_weights(adapter.model.get_weights())
+    reference = keras.models.clone_model(dist.model)
+    reference.set_weights(dist.model.get_weights())
     plain = keras.optimizers.SGD(0.5, momentum=0.9)
     with tf.GradientTape() as tape:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, reference(x))
     plain.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables),
                               reference.trainable_variables))
     expected = reference.get_weights()
-    adapter.train_step([batch], 0.5, 0, np.zeros(2))
-    rates = [float(adapter.optimizer.learning_rate.numpy())]
-    trained = adapter.model.get_weights()
+    dist.train_step([batch], 0.5, 0, np.zeros(2))
+    rates = [float(dist.optimizer.learning_rate.numpy())]
+    trained = dist.model.get_weights()
 differences = [float(np.abs(a - b).max()) for a, b in zip(trained, expected, strict=True)]
-state = adapter.state().optimizer  # its momentum, into a new run's optimizer and back
-open_run(adapter, recipe, 0)
-adapter.load_state(optimizer=state)
-restored = adapter.state().optimizer
+learning_rate = dist.learning_rate
+state = dist.state().optimizer  # its momentum, into a new run's optimizer and back
+dist = open_run(framework, recipe, 0).dist
+dist.load_state(optimizer=state)
+restored = dist.state().optimizer
 same = sorted(restored) == sorted(state) and all(np.array_equal(state[k], restored[k])
                                                  for k in state)
-open_run(adapter, recipe.with_overrides({"precision": "fp16-mixed"}), 0)  # scaled, wrapped
-before = adapter.weights()
-adapter.train_step([batch], 0.5, 0, np.zeros(2))
-moved = all(np.isfinite(v).all() for v in adapter.weights().values()) and any(
-    not np.array_equal(v, before[k]) for k, v in adapter.weights().items())
+dist = open_run(framework, recipe.with_overrides({"precision": "fp16-mixed"}), 0).dist
+before = dist.state().weights
+dist.train_step([batch], 0.5, 0, np.zeros(2))
+moved = all(np.isfinite(v).all() for v in dist.state().weights.values()) and any(
+    not np.array_equal(v, before[k]) for k, v in dist.state().weights.items())
 errors = []
 for made in (1, 2):
     def function(*arguments, made=made):
         return wrong(*arguments)[made]
     models = {"torch_model": model} if framework == "torch" else {"keras_model": model}
     try:
-        open_run(adapter, Recipe(data=DATA, optimizer=function, **models), 0)
+        open_run(framework, Recipe(data=DATA, optimizer=function, **models), 0)
         errors.append(None)
     except UsageError as error:
         errors.append(str(error))
-print(json.dumps({"learning_rate": adapter.learning_rate, "rates": rates,
+print(json.dumps({"learning_rate": learning_rate, "rates": rates,
                   "difference": max(differences), "state": len(state), "restored": same,
                   "fp16_moved": moved, "errors": errors}))
 """
@@ -255,7 +254,7 @@ def test_a_recipes_own_optimizer_takes_the_schedules_rate_in_each_groups_ratio(f
             "optimizer.function (function) returned str; under torch it must return a "
             "torch.optim.Optimizer over the module's parameters",
             "optimizer.function (function): its parameter groups hold 2 tensors (2 of the "
-            "model's trainable ones), and the module has 4 trainable parameters; give each of "
+            "model's trainable ones), and the model has 4 trainable parameters; give each of "
             "them to one group, once",
         ]
     else:

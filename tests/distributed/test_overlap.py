@@ -4,7 +4,7 @@ backward pass: from the rank-averaged times the steps carry."""
 import numpy as np
 import pytest
 
-from hvd_train.distributed.backend import TRIAL_STEPS, OverlapChoice, StepResult, buckets
+from hvd_train.distributed.overlap import TRIAL_STEPS, OverlapChoice, buckets
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Horovod
 
@@ -18,22 +18,14 @@ def test_buckets_follow_the_backward_pass_and_close_at_the_limit():
     assert buckets([10], limit=4 * MB) == [[0]]
 
 
-def result(compute: float, sync: float, averaged: tuple[float, float], world: int = 2):
-    """What a step returns: its own flags summed (here: none set) and the times the ranks
-    sent, summed over `world` ranks."""
-    flags = np.array([0.0, 0.0, *(world * np.array(averaged))])
-    return StepResult(1.0, 1.0, flags, compute, sync, 0.0)
-
-
 def run(choice: OverlapChoice, steps: int, compute: float, sync: float) -> list[bool]:
-    """The choice before each of `steps` steps whose times are all (compute, sync)."""
+    """The choice before each of `steps` steps whose times are all (compute, sync), on each
+    of two ranks alike: what travels is this rank's last times, which come back averaged."""
     seen = []
     for _ in range(steps):
         seen.append(choice.overlap)
-        sent = choice.flags(np.zeros(2))
-        assert len(sent) == 4 and list(sent[2:]) == list(choice.last)
-        back = choice.record(result(compute, sync, tuple(sent[2:])), world_size=2)
-        assert len(back.flags) == 2  # the caller sees only its own flags
+        sent = choice.last.copy()
+        choice.record(compute, sync, averaged=sent)
     return seen
 
 
@@ -61,7 +53,7 @@ def test_overlap_accepts_true_false_or_auto_only(value):
 def test_every_rank_decides_on_the_times_averaged_over_the_ranks():
     choice = OverlapChoice("auto", bucket_count=3)
     for _ in range(TRIAL_STEPS + 2):  # this rank never waited; the other waited long
-        choice.record(result(1.0, 0.0, averaged=(1.0, 0.3)), world_size=2)
+        choice.record(1.0, 0.0, averaged=np.array([1.0, 0.3]))
     assert choice.overlap
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_train.distributed.backend import available_cores, cgroup_cpu_quota
+from hvd_train.distributed.host import available_cores, cgroup_cpu_quota
 from tests.conftest import FRAMEWORKS
 
 CORES = len(os.sched_getaffinity(0))
@@ -44,9 +44,9 @@ def test_a_quota_caps_the_cores_and_leaves_at_least_one(tmp_path):
 @pytest.mark.parametrize(("given", "expected"), [(None, "3"), ("7", "7")])
 def test_horovod_cycles_every_3_ms_unless_the_environment_says(framework, given, expected):
     # In its own process: pytest never loads a Horovod binding. hvd.init reads the variable,
-    # so the adapter sets it before; the probe prints what it was then.
-    probe = ("import os; from hvd_train.distributed.backends import create_adapter; "
-             f"create_adapter({framework!r}).init(); "
+    # so the backend sets it before; the probe prints what it was then.
+    probe = ("import os; from hvd_train.distributed.layer import Distributed; "
+             f"Distributed({framework!r}); "
              "print(os.environ['HOROVOD_CYCLE_TIME'])")  # fmt: skip
     assert probe_output(probe, "HOROVOD_CYCLE_TIME", given) == expected
 
@@ -56,13 +56,13 @@ def test_horovod_cycles_every_3_ms_unless_the_environment_says(framework, given,
     ("given", "expected"), [(None, "True"), ("0", "False")], ids=["default", "turned-off"]
 )
 @pytest.mark.parametrize(
-    "first", ["create_adapter('tensorflow')", "resolve_recipe(KERAS_RECIPE, 'tensorflow')"],
-    ids=["adapter", "keras-recipe"],
+    "first", ["create_backend('tensorflow')", "resolve_recipe(KERAS_RECIPE, 'tensorflow')"],
+    ids=["backend", "keras-recipe"],
 )  # fmt: skip
 def test_tensorflow_runs_onednn_kernels_unless_the_environment_says(first, given, expected):
     # TensorFlow reads the variable once, as it loads, so hvd_train sets it before: before the
-    # adapter imports TensorFlow, and before a Python recipe importing Keras loads.
-    probe = ("from hvd_train.distributed.backends import create_adapter; "
+    # backend imports TensorFlow, and before a Python recipe importing Keras loads.
+    probe = ("from hvd_train.distributed.frameworks import create_backend; "
              "from hvd_train.api import resolve_recipe; "
              f"KERAS_RECIPE = {str(KERAS_RECIPE)!r}; "
              f"{first}; "
@@ -98,9 +98,9 @@ PAGES = 10 * 8 * (4 << 20) // 4096  # the pages those ten steps write
     ("first", "tunables", "kept"),
     [
         ("", None, False),
-        ("from hvd_train.distributed.backend import keep_freed_memory; keep_freed_memory()", None,
+        ("from hvd_train.distributed.host import keep_freed_memory; keep_freed_memory()", None,
          True),
-        ("from hvd_train.distributed.backend import keep_freed_memory; keep_freed_memory()",
+        ("from hvd_train.distributed.host import keep_freed_memory; keep_freed_memory()",
          "glibc.malloc.tcache_count=7", False),
     ],
     ids=["glibc-default", "kept", "environment-decides"],
@@ -115,10 +115,7 @@ def test_freed_memory_is_kept_for_the_next_step_unless_the_environment_sets_mall
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_every_rank_keeps_freed_memory(framework):
-    first = (
-        "from hvd_train.distributed.backends import create_adapter; "
-        f"create_adapter({framework!r}).init()"
-    )
+    first = f"from hvd_train.distributed.layer import Distributed; Distributed({framework!r})"
     assert int(probe_output(first + "\n" + STEPS, "GLIBC_TUNABLES", None)) < PAGES // 100
 
 
@@ -154,12 +151,12 @@ def test_tensorflow_takes_a_spare_inter_op_thread_only_where_the_exchange_may_ov
              "from hvd_train.training.run import open_run\n"
              "import tensorflow as tf; "
              f"recipe = resolve_recipe({recipe!r}, 'tensorflow').with_overrides({overrides!r}); "
-             "adapter = open_run('tensorflow', recipe, seed=0).adapter; "
+             "dist = open_run('tensorflow', recipe, seed=0).dist; "
              "print(f'{tf.config.threading.get_inter_op_parallelism_threads()},"
-             "{len(adapter.buckets)}')")  # fmt: skip
+             "{len(dist.backend.exchange.buckets)}')")  # fmt: skip
     threads, buckets = map(int, probe_output(probe, "HVD_TRAIN_THREADS", "1").split(","))
     assert threads == 1 + spare
-    # Decided before the model is built, as the adapter then cuts its gradients (overlap
+    # Decided before the model is built, as the backend then cuts its gradients (overlap
     # aside): more than one bucket, or a Python recipe's model, takes the spare thread.
     assert bool(spare) == (buckets > 1 and overrides.get("overlap") is not False)
 

@@ -1,4 +1,4 @@
-"""Parts of the torch adapter, each in one process of its own (each script says what it
+"""Parts of the torch dist, each in one process of its own (each script says what it
 checks, and prints OK)."""
 
 import subprocess

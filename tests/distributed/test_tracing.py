@@ -1,4 +1,4 @@
-"""TensorFlow traces each of the adapter's graphs once: an epoch's last, smaller batch (or an
+"""TensorFlow traces each of the backend's graphs once: an epoch's last, smaller batch (or an
 evaluation's) runs in the graph the first batch traced, instead of tracing it again (0.9 s); so
 does a batch of sequences padded to another length."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import REPO
 
-# Each test starts an adapter in a process of its own: make test runs them, test-quick not.
+# Each test starts a backend in a process of its own: make test runs them, test-quick not.
 pytestmark = pytest.mark.slow
 
 PROBE = """
@@ -23,16 +23,16 @@ from hvd_train.training.run import open_run
 
 recipe = load_recipe(sys.argv[2]).with_overrides({"backward_passes_per_step": 2})
 data = load_data(recipe, Path(sys.argv[1]))
-adapter = open_run("tensorflow", recipe, seed=0).adapter
+dist = open_run("tensorflow", recipe, seed=0).dist
 for step, size in enumerate(map(int, sys.argv[3].split(","))):
     batches = [take(data.train, np.arange(size) + 100 * i + 10 * step) for i in range(2)]
-    adapter.train_step(batches, 0.001, step, np.zeros(2))
-    adapter.local_step(batches, step)
-    adapter.eval_batch(*take(data.test, np.arange(size)))
+    dist.train_step(batches, 0.001, step, np.zeros(2))
+    dist.local_step(batches, step)
+    dist.eval_batch(*take(data.test, np.arange(size)))
     if isinstance(batches[0][0], dict):
         print("lengths", batches[0][0]["tokens"].shape[1])
-graphs = {"accumulate": adapter._compiled_accumulate, "local": adapter._compiled_local,
-          "apply": adapter._compiled_apply[False], "logits": adapter._compiled_logits}
+graphs = {"accumulate": dist.backend._compiled_accumulate, "local": dist.backend._compiled_local,
+          "apply": dist.backend._compiled_apply[False], "logits": dist.backend._compiled_logits}
 for name, compiled in graphs.items():
     print(name, compiled.graph.experimental_get_tracing_count())
 """

@@ -74,9 +74,10 @@ def test_an_npz_recipe_trains_to_what_the_data_allows(framework, tmp_path):
 
 
 def test_the_example_list_covers_every_example():
-    # The others each have a test of their own below.
+    # The others each have a test of their own below, the own loops in test_own_loops.py.
     own = {"regression.py", "tagging.py", "text_parquet.py", "resnet18_folder.py",
-           "ported_script.py"}  # fmt: skip
+           "ported_script.py", "own_loop_torch.py", "own_loop_tensorflow.py",
+           "own_loop_lamb.py"}  # fmt: skip
     covered = {p.values[0] for p in EXAMPLE_RUNS} | own
     assert covered == {p.name for p in EXAMPLES.glob("*.py")}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hvd_train.builders import build_model
 from hvd_train.data import load_data, take
 from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.distributed.frameworks import use_framework
@@ -24,14 +25,20 @@ out = Path(out_dir)
 use_framework(framework)
 layout = load_recipe(reference)  # how two ranks would split the data
 recipe = layout.with_overrides({key: json.loads(value) for key, value in overrides.items()})
-adapter = start(framework)
-run = open_run(adapter, recipe, seed=100 + adapter.rank)  # a different start on each rank
-np.savez(out / f"init-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
-adapter.broadcast_state(include_optimizer=False)
-np.savez(out / f"broadcast-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
+dist = start(framework)
+built = build_model(recipe, framework, seed=100 + dist.rank)  # a different start on each rank
+if framework == "torch":
+    own = {name: t.detach().numpy() for name, t in built.model.state_dict().items()}
+else:
+    from hvd_train.builders import keras_models
+
+    own = keras_models.weights(built.model)
+np.savez(out / f"init-{dist.world_size}-{dist.rank}.npz", **built.layout.to_saved(own))
+run = open_run(dist, recipe, seed=100 + dist.rank)  # the same build, then rank 0's weights
+np.savez(out / f"broadcast-{dist.world_size}-{dist.rank}.npz", **run.weights())
 # Under torch, the buckets on their way when the pass reaches the model's first parameter.
 on_the_way: list[int] = []
-exchange = getattr(adapter, "exchange", None)
+exchange = getattr(dist.backend, "exchange", None) if framework == "torch" else None
 if exchange is not None:
     exchange.parameters[0].register_post_accumulate_grad_hook(
         lambda _: on_the_way.append(len(exchange.sent))
@@ -42,14 +49,14 @@ order = epoch_order(len(data.train), seed=0, epoch=0)
 batch_size, passes = layout.schedule.batch_size, layout.horovod.backward_passes_per_step
 shards = [shard_steps(order, rank, 2, batch_size, passes) for rank in range(2)]
 for step in range(int(steps)):
-    if adapter.world_size == 2:
-        batches = shards[adapter.rank][step]
+    if dist.world_size == 2:
+        batches = shards[dist.rank][step]
     else:  # one batch holding all of both ranks' batches; or as many passes as they had
         batches = [np.concatenate([*shards[0][step], *shards[1][step]])]
     taken = [take(data.train, batch) for batch in batches]
-    adapter.train_step(taken, 0.01, step, np.zeros(2))
-np.savez(out / f"trained-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
-np.save(out / f"on-the-way-{adapter.world_size}-{adapter.rank}.npy", np.array(on_the_way))
-np.savez(out / f"optimizer-{adapter.world_size}-{adapter.rank}.npz", **adapter.state().optimizer)
-adapter.sync_buffers()
-np.savez(out / f"synced-{adapter.world_size}-{adapter.rank}.npz", **run.weights())
+    dist.train_step(taken, 0.01, step, np.zeros(2))
+np.savez(out / f"trained-{dist.world_size}-{dist.rank}.npz", **run.weights())
+np.save(out / f"on-the-way-{dist.world_size}-{dist.rank}.npy", np.array(on_the_way))
+np.savez(out / f"optimizer-{dist.world_size}-{dist.rank}.npz", **dist.state().optimizer)
+dist.sync_buffers()
+np.savez(out / f"synced-{dist.world_size}-{dist.rank}.npz", **run.weights())

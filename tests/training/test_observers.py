@@ -17,7 +17,7 @@ class Loop(SimpleNamespace):
     def __init__(self, steps: int = 10) -> None:
         super().__init__(plan=EpochPlan(steps, 64), position=Position(0, 0), saved=[],
                          committed=[], elastic_state=object(),
-                         adapter=SimpleNamespace(is_rank_zero=False))  # fmt: skip
+                         dist=SimpleNamespace(is_rank_zero=False))  # fmt: skip
 
     def save_snapshot(self, position: Position) -> None:
         self.saved.append(position)

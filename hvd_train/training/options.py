@@ -12,7 +12,7 @@ from typing import Any
 
 from hvd_train.errors import UsageError
 from hvd_train.recipe.rules import Rule
-from hvd_train.training.trackers import checked_trackers
+from hvd_train.recipe.settings import checked_trackers
 
 POSITIVE = Rule(int, positive=True)
 

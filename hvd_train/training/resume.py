@@ -21,8 +21,8 @@ from hvd_train.checkpoint import (
     load_checkpoint,
     load_newest_valid,
 )
-from hvd_train.distributed.backends import Adapter
 from hvd_train.distributed.frameworks import FRAMEWORKS
+from hvd_train.distributed.layer import Distributed
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe, load_recipe
 from hvd_train.recipe.settings import PYTHON_FUNCTION
@@ -66,7 +66,7 @@ def resume_point(output_dir: Path, start: str) -> Checkpoint | None:
 
 
 def read_resume_point(
-    adapter: Adapter, output_dir: Path, everywhere: bool, start: str
+    dist: Distributed, output_dir: Path, everywhere: bool, start: str
 ) -> tuple[Checkpoint | None, dict, str]:
     """Rank 0 reads the checkpoint to resume from (`start`: "latest" or "best"); every rank
     gets its state and recipe text, rank 0 also the checkpoint (the others receive the weights
@@ -84,8 +84,8 @@ def read_resume_point(
         found.append(checkpoint)
         return checkpoint.state | {"path": str(checkpoint.path)}, checkpoint.recipe_text
 
-    state, recipe_text = read() if everywhere else adapter.on_rank_zero(read)
-    return (found[0] if found and adapter.is_rank_zero else None), state, recipe_text
+    state, recipe_text = read() if everywhere else dist.on_rank_zero(read)
+    return (found[0] if found and dist.is_rank_zero else None), state, recipe_text
 
 
 def saved_recipe(state: dict[str, Any], recipe_text: str, reference: str | None = None) -> Recipe:

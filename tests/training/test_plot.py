@@ -6,7 +6,7 @@ import sys
 
 import matplotlib.image
 
-from hvd_train.commands.plot import plot_runs
+from hvd_train.training.plot import plot_runs
 
 
 def fake_run(directory, framework: str, world_size: int, slope: float, split: str = "test"):

@@ -1,0 +1,97 @@
+"""One rank's batches of a dataset, for a loop of one's own: the pipeline the trainer reads
+with (worker threads reading ahead, transforms, disjoint shards of equal step counts, orders
+and seeds derived from the seed and the epoch), handing out the framework's tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import closing
+from typing import Any
+
+import numpy as np
+
+from hvd_train.data.base import ArrayDataset, Dataset
+from hvd_train.data.hugging_face import hugging_face, is_hugging_face
+from hvd_train.data.pipeline import augmentation, read_ahead, workers_for
+from hvd_train.data.sharding import epoch_order, eval_indices, shard_steps, step_seed
+from hvd_train.data.transforms import Transformed, Transforms, parse_transforms
+from hvd_train.distributed.backend import Backend
+from hvd_train.errors import UsageError
+
+
+def as_dataset(data: Any) -> Dataset:
+    """What a loop hands over as a dataset: a `(inputs, labels)` pair of arrays, a Hugging
+    Face dataset, or any object with `len()` whose `[indices]` gives `(inputs, labels)`."""
+    if isinstance(data, tuple | list) and len(data) == 2 and hasattr(data[0], "__len__"):
+        x, y = data
+        return ArrayDataset(x if isinstance(x, dict) else np.asarray(x), np.asarray(y))
+    if is_hugging_face(data):
+        return hugging_face(data, "the loader's dataset")
+    if hasattr(data, "__len__") and hasattr(data, "__getitem__"):
+        return data
+    raise UsageError(
+        f"loader: the dataset is a {type(data).__name__}; give (inputs, labels) arrays, a "
+        "Hugging Face dataset, or an object with len() whose [indices] gives (inputs, labels)"
+    )
+
+
+class Loader:
+    """This rank's batches of `dataset`, as the framework's tensors on the device.
+
+    Training (`shuffle`): each epoch the examples in an order drawn from (seed, epoch), every
+    rank a disjoint shard in as many batches as the others, and the framework's dropout seeded
+    before each batch from (seed, step, rank), so that a resumed loop draws the numbers the
+    uninterrupted loop drew. Evaluation: each rank a contiguous slice, every example once.
+    `set_epoch(epoch, step)` says which epoch the next iteration reads, from which step."""
+
+    def __init__(self, backend: Backend, dataset: Any, batch_size: int, *, shuffle: bool,
+                 seed: int, workers: int | str, prefetch: int,
+                 transforms: Sequence[dict[str, Any]] | Transforms, timeout: float,
+                 threads: int) -> None:  # fmt: skip
+        if not (type(batch_size) is int and batch_size > 0):
+            raise UsageError(f"loader: batch_size must be a positive integer, got {batch_size!r}")
+        self.backend, self.batch_size, self.shuffle, self.seed = backend, batch_size, shuffle, seed
+        parsed = transforms if isinstance(transforms, Transforms) else parse_transforms(transforms)
+        self.transforms = parsed
+        dataset = as_dataset(dataset)
+        self.dataset = dataset if shuffle or not parsed.evaluation else Transformed(
+            dataset, parsed.evaluation
+        )  # fmt: skip
+        self.workers = workers_for(workers, dataset, threads)
+        self.prefetch, self.timeout = prefetch, timeout
+        self.epoch, self.first = 0, 0
+        size, rank, world = len(dataset), backend.rank, backend.world_size
+        self.mine = None if shuffle else eval_indices(size, rank, world)
+        self.steps = len(self._steps())
+
+    @property
+    def global_batch(self) -> int:
+        """Examples per step across the ranks."""
+        return self.batch_size * self.backend.world_size
+
+    def set_epoch(self, epoch: int, step: int = 0) -> None:
+        """The next iteration reads epoch `epoch` from its step `step` on (a resumed loop's)."""
+        self.epoch, self.first = epoch, step
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def _steps(self) -> list[list[np.ndarray]]:
+        if self.mine is not None:
+            return [[self.mine[first : first + self.batch_size]]
+                    for first in range(0, len(self.mine), self.batch_size)]  # fmt: skip
+        order = epoch_order(len(self.dataset), self.seed, self.epoch)
+        return shard_steps(order, self.backend.rank, self.backend.world_size, self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        steps, first = self._steps()[self.first :], self.first
+        augment = augmentation(self.transforms, self.seed, self.epoch) if self.shuffle else None
+        reading = read_ahead(self.dataset, steps, self.workers, self.prefetch, augment,
+                             self.timeout)  # fmt: skip
+        with closing(reading) as batches:
+            for index, taken in enumerate(batches, start=first):
+                if self.shuffle:
+                    step = self.epoch * self.steps + index
+                    self.backend.reseed(step_seed(self.seed, step, self.backend.rank))
+                yield self.backend.tensors(*taken[0])
+        self.first = 0

@@ -1,0 +1,147 @@
+"""The gradients' exchange under TensorFlow, and the Keras optimizer that `setup` makes
+distributed.
+
+Horovod 0.28.1's Keras integration targets Keras 2: with Keras 3 its `DistributedGradientTape`
+and `broadcast_variables` fail on Keras variables (the patch series mends them for scripts that
+use them), and its Keras `DistributedOptimizer` lets `model.fit` apply gradients never averaged.
+So the layer averages with Horovod's TensorFlow ops itself: a grouped allreduce per bucket of
+gradients, inside the step's graph, where each starts as soon as its gradients are made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvd_train.distributed.overlap import buckets
+
+# The dtype each `[horovod] compression` sends gradients as (None: as they are).
+TRAVEL_DTYPES = {"none": None, "fp16": tf.float16, "bf16": tf.bfloat16}
+
+
+class Cast:
+    """Horovod's compressor interface: gradients cast to `dtype` to travel and back to their
+    own after, as Horovod's fp16 compressor does for float16; `None` sends them as they are."""
+
+    def __init__(self, dtype: tf.DType | None) -> None:
+        self.dtype = dtype
+
+    def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, tf.DType | None]:
+        if self.dtype is None:
+            return tensor, None
+        return tf.cast(tensor, self.dtype), tensor.dtype
+
+    def decompress(self, tensor: tf.Tensor, own: tf.DType | None) -> tf.Tensor:
+        return tensor if own is None else tf.cast(tensor, own)
+
+
+class Exchange:
+    """How the gradients of `variables` travel: cast by `compression`, in `buckets` (the order
+    the backward pass makes them) or in one group, and clipped to `clip_norm` after averaging.
+    For a loop's own optimizer also: its `passes` backward passes a step, added up locally
+    first."""
+
+    def __init__(self, variables: list[Any], compression: str, passes: int, overlap: bool | str,
+                 clip_norm: float, world_size: int) -> None:  # fmt: skip
+        self.compression = Cast(TRAVEL_DTYPES[compression])
+        sizes = [np.dtype(v.dtype).itemsize * int(np.prod(v.shape)) for v in variables]
+        self.buckets = buckets(sizes)
+        self.clip_norm, self.passes, self.world_size = clip_norm, passes, world_size
+        # A loop's own traced step cannot change how it groups the gradients once traced: it
+        # sends buckets wherever there are several, unless overlap is off.
+        self.groups = self.buckets if overlap is not False else [list(range(len(variables)))]
+        self.totals = [tf.Variable(tf.zeros_like(v), trainable=False)
+                       for v in variables if passes > 1]  # fmt: skip
+        self.count = tf.Variable(0, trainable=False, dtype=tf.int64)
+
+    def average(
+        self, gradients: list[tf.Tensor], control: tf.Tensor | None, groups: list[list[int]]
+    ) -> tuple[list[tf.Tensor], tf.Tensor | None]:
+        """The gradients averaged over the ranks in one grouped allreduce per group (one
+        negotiation each), the `control` values in the last. Horovod's grouped op takes one
+        dtype, so under compression the control values, which travel at full precision, take
+        an allreduce of their own. Alone, nothing travels."""
+        if self.world_size == 1:
+            return gradients, control
+        averaged = list(gradients)
+        with_control = control is not None and self.compression.dtype is None
+        with tf.name_scope("hvd_train.step"):
+            for number, group in enumerate(groups):
+                tensors = [gradients[index] for index in group]
+                last = with_control and number == len(groups) - 1
+                sums = hvd.grouped_allreduce([*tensors, control] if last else tensors,
+                                             op=hvd.Average,
+                                             compression=self.compression)  # fmt: skip
+                for index, tensor in zip(group, sums, strict=False):
+                    averaged[index] = tensor
+                if last:
+                    control = sums[-1]
+            if control is not None and not with_control:
+                control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
+        return averaged, control
+
+    def clipped(self, gradients: list[tf.Tensor], scale: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """The averaged gradients clipped to `clip_norm`, and their norm before clipping; under
+        fp16-mixed they are still multiplied by the loss `scale`."""
+        norm = tf.linalg.global_norm(gradients) / scale
+        if self.clip_norm:
+            gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm * scale,
+                                                  use_norm=norm * scale)  # fmt: skip
+        return gradients, norm
+
+
+def loss_scale(optimizer: keras.optimizers.Optimizer) -> Any:
+    """What the gradients are multiplied by: the loss scale under fp16-mixed, else 1."""
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.dynamic_scale
+    return 1.0
+
+
+class DistributedOptimizer:
+    """Mixed into the class of the Keras optimizer `setup` takes (`distribute`): its `apply`
+    (which `apply_gradients` and `model.fit` call) averages the gradients over the ranks and
+    clips them before the optimizer's own; with `passes` above 1 it adds them up locally and
+    applies their mean every `passes`-th call. The optimizer stays the same object."""
+
+    _exchange: Exchange
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        # An embedding's gradient comes as IndexedSlices: made dense, it adds up and travels in
+        # the grouped allreduce (Horovod's sparse_as_dense).
+        gradients = [tf.convert_to_tensor(g) for g in grads]
+        exchange = self._exchange
+        if exchange.passes == 1:
+            return self._averaged_apply(gradients, trainable_variables)
+        for total, gradient in zip(exchange.totals, gradients, strict=True):
+            total.assign_add(gradient)
+        due = exchange.count.assign_add(1) % exchange.passes == 0
+
+        def apply_mean() -> tf.Tensor:
+            mean = [total / exchange.passes for total in exchange.totals]
+            self._averaged_apply(mean, trainable_variables)
+            for total in exchange.totals:
+                total.assign(tf.zeros_like(total))
+            return tf.constant(True)
+
+        return tf.cond(due, apply_mean, lambda: tf.constant(False))
+
+    def _averaged_apply(self, gradients: list[tf.Tensor], trainable_variables: Any) -> Any:
+        exchange = self._exchange
+        averaged, _ = exchange.average(gradients, None, exchange.groups)
+        clipped, _ = exchange.clipped(averaged, loss_scale(self))
+        return self.apply_own(clipped, trainable_variables)
+
+    def apply_own(self, grads: Any, trainable_variables: Any = None) -> Any:
+        """The optimizer's own apply: gradients already averaged."""
+        return super().apply(grads, trainable_variables)  # type: ignore[misc]
+
+
+def distribute(optimizer: keras.optimizers.Optimizer, exchange: Exchange) -> None:
+    """Makes `optimizer` a `DistributedOptimizer`, averaging as `exchange` says."""
+    own = type(optimizer)
+    optimizer.__class__ = type(own.__name__, (DistributedOptimizer, own), {})
+    optimizer._exchange = exchange

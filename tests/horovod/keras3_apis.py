@@ -1,0 +1,74 @@
+"""Runs inside each rank under `horovodrun -np 2`: Horovod's own TensorFlow API on a Keras 3
+model, each against a one-process reference computed here too (patch 16). Prints OK, or fails.
+
+- `broadcast_variables(model.variables)`: ranks that start apart hold rank 0's weights after;
+- `DistributedGradientTape`, eagerly and in a tf.function: a step on each rank's half of a
+  batch is the step of one process on the whole batch (SGD: the mean of the halves' mean
+  gradients is the whole batch's);
+- the Keras `DistributedOptimizer` through `model.fit`: the same, and the replicas agree.
+"""
+
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+
+hvd.init()
+rank = hvd.rank()
+rng = np.random.default_rng(0)
+x = rng.standard_normal((8, 4)).astype(np.float32)
+y = rng.standard_normal((8, 3)).astype(np.float32)
+mine = slice(4 * rank, 4 * rank + 4)
+
+
+def build(seed: int) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+
+
+def same(first: keras.Model, second: keras.Model) -> bool:
+    return all(np.allclose(a, b, atol=1e-6, rtol=1e-5)
+               for a, b in zip(first.get_weights(), second.get_weights(), strict=True))  # fmt: skip
+
+
+def mse(model: keras.Model, inputs: np.ndarray, targets: np.ndarray) -> tf.Tensor:
+    return tf.reduce_mean(tf.square(model(inputs) - targets))
+
+
+OPTIMIZERS: dict[int, keras.optimizers.Optimizer] = {}  # one per model, made before any trace
+
+
+def step(model: keras.Model, inputs: np.ndarray, targets: np.ndarray, distributed: bool) -> None:
+    with tf.GradientTape() as tape:
+        loss = mse(model, inputs, targets)
+    tape = hvd.DistributedGradientTape(tape) if distributed else tape
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer = OPTIMIZERS[id(model)]
+    optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+
+model = build(seed=rank)
+assert rank == 0 or not same(model, build(seed=0)), "the ranks started alike"
+hvd.broadcast_variables(model.variables, root_rank=0)
+reference = build(seed=0)
+assert same(model, reference), "broadcast_variables left this rank's own weights"
+for built in (model, reference):
+    OPTIMIZERS[id(built)] = keras.optimizers.SGD(0.1)
+    OPTIMIZERS[id(built)].build(built.trainable_variables)
+
+step(model, x[mine], y[mine], distributed=True)
+step(reference, x, y, distributed=False)
+assert same(model, reference), "DistributedGradientTape's step differs from one process's"
+tf.function(step)(model, x[mine], y[mine], distributed=True)
+tf.function(step)(reference, x, y, distributed=False)
+assert same(model, reference), "DistributedGradientTape's traced step differs"
+
+fitted, reference = build(seed=0), build(seed=0)
+fitted.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+fitted.fit(x[mine], y[mine], batch_size=4, epochs=2, shuffle=False, verbose=0)
+reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+assert same(fitted, reference), "model.fit with DistributedOptimizer differs from one process"
+everyone = hvd.allgather_object([w.tobytes() for w in fitted.get_weights()])
+assert everyone[0] == everyone[1], "the replicas diverged under model.fit"
+print("OK", flush=True)

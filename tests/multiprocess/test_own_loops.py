@@ -1,0 +1,79 @@
+"""The own-loop layer under the real `horovodrun -np 2` and `hvd_train.launch`: the ports of
+Horovod's own MNIST examples (recipes/examples/own_loop_*.py) learn, write checkpoints that
+`hvd-train eval` scores, and, killed and resumed, end with the weights of the run that was not;
+and each mistake with the layer is one line and exit code 2, with nothing written half."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from hvd_train.checkpoint import checkpoint_name, checkpoints
+from tests.conftest import FRAMEWORKS, REPO
+from tests.helpers import assert_same_weights, evaluation, saved_weights
+from tests.multiprocess.conftest import (
+    HOROVODRUN,
+    TIMEOUT,
+    alone,
+    background,
+    horovodrun,
+    kill_job,
+    script,
+    wait_for,
+)
+
+pytestmark = pytest.mark.multiprocess
+EXAMPLES = REPO / "recipes" / "examples"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_port_learns_scores_and_resumes_to_the_same_weights(framework, mnist_dir, tmp_path):
+    example = str(EXAMPLES / f"own_loop_{framework}.py")
+    arguments = [example, "--epochs", "2", "--data-dir", str(mnist_dir)]
+    straight = tmp_path / "straight"
+    output = horovodrun(*arguments, "--output-dir", str(straight)).stdout
+    accuracy = float(re.findall(r"\[0\]<stdout>:epoch 2: test .*accuracy ([\d.]+)%", output)[-1])
+    assert accuracy >= 98.5, output
+    scored = evaluation(straight, "--framework", framework, "--data-dir", str(mnist_dir))
+    assert scored["test_accuracy"] == pytest.approx(accuracy / 100, abs=5e-5)
+
+    killed = tmp_path / "killed"
+    command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, *arguments]
+    job = background([*command, "--output-dir", str(killed)])
+    wait_for((killed / "checkpoints" / checkpoint_name(1, 0)).exists, job)
+    kill_job(job)
+    assert checkpoints(killed / "checkpoints")[-1].name == checkpoint_name(1, 0)
+    alone(*arguments, "--output-dir", str(killed), "--resume", "--np", "2")  # through launch
+    for kept in ("model.safetensors", "optimizer.safetensors"):
+        assert_same_weights(
+            saved_weights(straight, 2, kept=kept), saved_weights(killed, 2, kept=kept)
+        )
+
+
+MISTAKES = {
+    "step-before-setup": "train_step needs the model: call dist.setup(model, optimizer) first",
+    "setup-twice": "setup: called a second time",
+    "models-differ": "setup: rank 1's model differs from rank 0's",
+    "other-frameworks-optimizer": "setup: the optimizer is a",
+    "load-another-model": "was written for another model",
+    "save-other-values": "save: rank 1 saves other values than rank 0",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_a_mistake_with_the_layer_is_one_line_and_exit_2(mistake, framework, tmp_path):
+    if mistake == "load-another-model":
+        horovodrun(script("own_loop_mistakes.py"), "save", framework, str(tmp_path))
+    saved = sorted(tmp_path.rglob("*"))
+    command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable,
+               script("own_loop_mistakes.py"), mistake, framework, str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    lines = [line for line in output.splitlines() if "hvd-train: error:" in line]
+    assert len(lines) == 1 and MISTAKES[mistake] in lines[0], output
+    assert sorted(tmp_path.rglob("*")) == saved, "something was written"
