@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from hvd_train.checkpoint import checkpoint_name, checkpoints
@@ -77,3 +78,43 @@ def test_a_mistake_with_the_layer_is_one_line_and_exit_2(mistake, framework, tmp
     lines = [line for line in output.splitlines() if "hvd-train: error:" in line]
     assert len(lines) == 1 and MISTAKES[mistake] in lines[0], output
     assert sorted(tmp_path.rglob("*")) == saved, "something was written"
+
+
+STEPPING = {
+    "torch": ["plain", "module-zero-grad", "no_sync", "passes", "buckets", "bf16", "fp16-mixed"],
+    "tensorflow": ["plain", "passes", "fit", "bf16"],
+}
+# How close two ranks come to one process: the same sums in another order (bf16's and fp16's
+# roundings aside).
+TOLERANCE = {"bf16": 2e-2, "fp16-mixed": 2e-2}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("framework", "variant"), [(f, v) for f in ("torch", "tensorflow") for v in STEPPING[f]]
+)
+def test_two_ranks_step_as_one_process_on_both_halves(framework, variant, tmp_path):
+    """The loop's own steps through the layer (the optimizer's step, accumulation, buckets while
+    the pass goes on, compression, mixed precision, a scheduler made before setup, model.fit)
+    at two ranks against one process taking both ranks' batches; the replicas alike."""
+    arguments = (script("own_loop_steps.py"), framework, variant, str(tmp_path))
+    horovodrun(*arguments)
+    alone(*arguments)
+    two, one = (np.load(tmp_path / f"{variant}-{world}.npz") for world in (2, 1))
+    assert sorted(two) == sorted(one)
+    tolerance = TOLERANCE.get(variant, 1e-5)
+    for name in one:
+        np.testing.assert_allclose(two[name], one[name], rtol=tolerance, atol=tolerance,
+                                   err_msg=name)  # fmt: skip
+    if "learning_rate" in one:  # StepLR, made before setup, still steps the optimizer's rate
+        assert float(one["learning_rate"]) == pytest.approx(0.1 * 0.5**4)
+
+
+@pytest.mark.slow
+def test_the_lamb_loop_learns_through_its_one_cycle(mnist_dir):
+    """LAMB with its groups, torch's OneCycleLR made before setup, two batches a step under
+    no_sync, bf16 on the wire: it learns, and the rate ends the cycle near 0."""
+    output = horovodrun(str(EXAMPLES / "own_loop_lamb.py"), "--epochs", "1", "--limit-steps",
+                        "200", "--data-dir", str(mnist_dir)).stdout  # fmt: skip
+    assert float(re.findall(r"\[0\]<stdout>:test accuracy ([\d.]+)%", output)[-1]) >= 95, output
+    assert float(re.findall(r"learning rate ([\d.e+-]+)", output)[-1]) < 1e-4, output

@@ -105,7 +105,8 @@ class DistributedOptimizer:
     """Mixed into the class of the Keras optimizer `setup` takes (`distribute`): its `apply`
     (which `apply_gradients` and `model.fit` call) averages the gradients over the ranks and
     clips them before the optimizer's own; with `passes` above 1 it adds them up locally and
-    applies their mean every `passes`-th call. The optimizer stays the same object."""
+    applies their sum every `passes`-th call, as torch's .grad adds the passes up (divide each
+    pass's loss by `passes` for their mean). The optimizer stays the same object."""
 
     _exchange: Exchange
 
@@ -120,14 +121,14 @@ class DistributedOptimizer:
             total.assign_add(gradient)
         due = exchange.count.assign_add(1) % exchange.passes == 0
 
-        def apply_mean() -> tf.Tensor:
-            mean = [total / exchange.passes for total in exchange.totals]
-            self._averaged_apply(mean, trainable_variables)
+        def apply_sum() -> tf.Tensor:
+            self._averaged_apply([tf.identity(total) for total in exchange.totals],
+                                 trainable_variables)  # fmt: skip
             for total in exchange.totals:
                 total.assign(tf.zeros_like(total))
             return tf.constant(True)
 
-        return tf.cond(due, apply_mean, lambda: tf.constant(False))
+        return tf.cond(due, apply_sum, lambda: tf.constant(False))
 
     def _averaged_apply(self, gradients: list[tf.Tensor], trainable_variables: Any) -> Any:
         exchange = self._exchange
