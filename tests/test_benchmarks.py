@@ -26,3 +26,23 @@ def test_the_plain_loop_baselines_report_their_speed(baseline, mnist_dir):
     assert done.returncode == 0, done.stderr[-3000:]
     [line] = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert json.loads(line.removeprefix("RESULT "))["images_per_second"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "framework",
+    [pytest.param("torch", marks=pytest.mark.torch),
+     pytest.param("tensorflow", marks=pytest.mark.tensorflow)],
+)  # fmt: skip
+@pytest.mark.parametrize("system", ["loop", "trainer", "horovod"])
+def test_the_own_loop_benchmarks_systems_report_their_speed(system, framework, mnist_dir):
+    """benchmarks.own_loop's loop on the layer, the trainer and the raw Horovod loop, each in
+    one process (horovodrun starts two in the benchmark)."""
+    env = {**os.environ, "HVD_TRAIN_DATA_DIR": str(mnist_dir), "PYTHONPATH": str(ROOT),
+           "TF_CPP_MIN_LOG_LEVEL": "3"}  # fmt: skip
+    command = [sys.executable, "-m", "benchmarks.own_loop", "rank", system, framework,
+               "mnist_cnn", "2"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert json.loads(line.removeprefix("RESULT "))["images_per_second"] > 0

@@ -141,7 +141,7 @@ class TorchBackend(Backend):
         net = getattr(self, "net", None)
         turned = net is None or net.channels_first
         if turned and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
-            inputs = inputs.permute(0, 3, 1, 2).contiguous()
+            inputs = inputs.permute(0, 3, 1, 2)  # a view, as torch's convolutions take it
         return inputs, labels
 
     def reseed(self, seed: int) -> None:
@@ -200,6 +200,7 @@ class TorchBackend(Backend):
         hide = computed - (self.exchange.first_full or computed)
         for group, ratio in zip(self.optimizer.param_groups, self.rate_ratios, strict=True):
             group["lr"] = learning_rate * ratio
+        self.stepping.measured = True  # the step reports the norm
         self.optimizer.step()
         self.exchange.clear()
         return StepResult(float(averaged[-1]), float(self.stepping.norm), averaged[:-1],

@@ -140,21 +140,29 @@ class Exchange:
 
     def synchronize(self, carry: np.ndarray | None = None) -> np.ndarray:
         """Once per step, after its backward passes: sends what is not on its way yet, waits,
-        and leaves the averages in .grad; `carry` travels with them. Returns the averaged
-        `carry` (again, when called again in the same step)."""
+        and leaves the averages in .grad; `carry` travels with them, and while "auto" decides,
+        the step's times. Returns the averaged `carry` (again, when called again in the same
+        step)."""
         if self.averaged is not None:
             return self.averaged
         started = time.perf_counter()
         self._claim()
+        if carry is None and not self.choice.deciding:  # nothing to carry: the gradients alone
+            if self.exchanges:
+                self._average(None)
+            self.averaged = np.zeros(0)
+            return self.averaged
         values = np.concatenate([np.zeros(0) if carry is None else carry, self.choice.last])
         averaged = self._average(torch.from_numpy(values)) if self.exchanges else values
         self.choice.record(started - self.began, time.perf_counter() - started, averaged[-2:])
         self.averaged = averaged[:-2]
         return self.averaged
 
-    def _average(self, control: torch.Tensor) -> np.ndarray:
+    def _average(self, control: torch.Tensor | None) -> np.ndarray:
         control_handle = None
-        if self.carries_control:
+        if control is None:
+            pass
+        elif self.carries_control:
             assert len(control) <= CONTROL_SLOTS, "more control values than CONTROL_SLOTS"
             self.control[: len(control)] = control
         else:
@@ -174,6 +182,8 @@ class Exchange:
             average = hvd.synchronize(handle)
             if self.travel is not None:
                 part.copy_(average)
+        if control is None:
+            return np.zeros(0)
         if control_handle is None:
             averaged = self.control[: len(control)].clone()
         else:
@@ -183,13 +193,14 @@ class Exchange:
 
 class Stepping:
     """What a distributed optimizer's step does around the optimizer's own: the gradients
-    averaged (`Exchange`), unscaled under fp16-mixed, their norm taken and clipped to
-    `clip_norm` (0: not clipped), then the update, skipped alike on every rank where fp16's
-    gradients overflowed."""
+    averaged (`Exchange`), unscaled under fp16-mixed, their norm taken (where they are clipped,
+    or `measured`) and clipped to `clip_norm` (0: not clipped), then the update, skipped alike
+    on every rank where fp16's gradients overflowed."""
 
     def __init__(self, exchange: Exchange, scaler: torch.amp.GradScaler | None,
                  clip_norm: float) -> None:  # fmt: skip
         self.exchange, self.scaler, self.clip_norm = exchange, scaler, clip_norm
+        self.measured = False  # whether each step takes the norm (a recipe's step reports it)
         self.norm = torch.zeros(())  # of the last step's averaged gradients, before clipping
         self.inside = False  # in the optimizer's own step, called by GradScaler
         self.scaled = False  # whether the step's loss went through `backward`
@@ -212,7 +223,9 @@ class Stepping:
         self.exchange.synchronize()
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
-        norm = torch.linalg.vector_norm(self.exchange.gradients)  # every .grad: one reduction
+        norm = self.norm
+        if self.clip_norm or self.measured:
+            norm = torch.linalg.vector_norm(self.exchange.gradients)  # every .grad: one reduction
         if self.clip_norm:
             nn.utils.clip_grads_with_norm_(self.exchange.parameters, self.clip_norm, norm)
         self.inside = True
