@@ -212,6 +212,27 @@ def systems_mnist() -> str:
     )
 
 
+def own_loop() -> str:
+    """docs/performance.md's table: a loop of one's own against the trainer, raw Horovod and
+    DDP, each ratio within a round, the best round's, against its target."""
+    figures = results("own-loop")
+    rows = [
+        (framework, name, value, figures["targets"].get(name))
+        for framework, ratios in figures["best"].items()
+        for name, value in ratios.items()
+    ]
+    return "\n".join([
+        f"np=2, best of {len(figures['rounds']['torch'])} rounds of {figures['steps']} steps "
+        f"({when(figures)}; `docs/results/own-loop.json`):",
+        "",
+        "| framework | ratio of images/s, within a round | best | target |",
+        "|---|---|---|---|",
+        *(f"| {framework} | {name.replace('_', ' ')} | {value:.2f} | "
+          f"{'' if target is None else f'>= {target:.2f}'} |"
+          for framework, name, value, target in rows),
+    ]) + "\n"  # fmt: skip
+
+
 def passed(run: dict[str, Any]) -> str:
     """How many tests a run passed, from pytest's closing line."""
     return str(run["counts"].split(" passed")[0])
@@ -341,6 +362,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "tf-flat": tf_flat,
     "precision": precision,
     "systems-mnist": systems_mnist,
+    "own-loop": own_loop,
     "test-times-summary": test_times_summary,
     "test-times": test_times,
     "data": data,

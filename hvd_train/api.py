@@ -4,9 +4,9 @@ ranks and calls it in each).
     import hvd_train
     summary = hvd_train.train("recipes/examples/mnist_resnet_torch.py", epochs=1)
 
-One run, in the order the data flows: recipe (+ overrides) -> framework dist -> data on
-every rank, checked to agree -> model, handed to the dist -> the loop -> checkpoints and
-metrics.
+One run, in the order the data flows: recipe (+ overrides) -> the distributed layer for the
+framework -> data on every rank, checked to agree -> model, set up on the layer -> the loop ->
+checkpoints and metrics (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -188,6 +188,24 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise UsageError(f"checkpoint {path} is unreadable ({error}); {remedy}") from None
 
 
+def _describe(arrays: Arrays) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(array.shape) for name, array in arrays.items()}
+
+
+def check_weights_fit(checkpoint: Checkpoint, weights: Arrays, remedy: str) -> None:
+    """The checkpoint holds exactly the tensors of `weights` (the model's), shape for shape."""
+    saved, wanted = _describe(checkpoint.weights), _describe(weights)
+    if saved == wanted:
+        return
+    name = next(iter(sorted(set(saved) ^ set(wanted)) or
+                     [n for n in wanted if saved[n] != wanted[n]]))  # fmt: skip
+    there, here = saved.get(name, "absent"), wanted.get(name, "absent")
+    raise UsageError(
+        f"checkpoint {checkpoint.path} was written for another model (recipe "
+        f"{checkpoint.state['recipe']!r}; {name}: {there} there, {here} here); {remedy}"
+    )
+
+
 def load_newest_valid(directory: Path) -> Checkpoint | None:
     """The newest checkpoint in `directory` that verifies. Damaged newer ones are reported and
     set aside as `<name>.corrupt` (not deleted: they may be worth a look), so that training

@@ -1,12 +1,16 @@
-"""The README's "Bring your own model" recipe works as printed, copied into a file."""
+"""The README's "Bring your own model" recipe and its own loop work as printed, copied into a
+file."""
 
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from hvd_train.checkpoint import checkpoint_name, checkpoints
 from tests.conftest import REPO
 
 
@@ -31,3 +35,19 @@ def test_the_readme_is_short_and_its_links_lead_somewhere():
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
     local = [link for link in links if "://" not in link]
     assert local and [link for link in local if not (REPO / link).exists()] == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.torch
+def test_the_readmes_own_loop_trains_as_printed(tmp_path, mnist_dir):
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Your own loop", 1)[1]
+    loop = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    (tmp_path / "loop.py").write_text(loop)
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    command = [str(horovodrun), "-np", "2", "--gloo", sys.executable, "loop.py"]
+    env = os.environ | {"HVD_TRAIN_DATA_DIR": str(mnist_dir)}
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env=env)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert checkpoints(tmp_path / "runs/mine/checkpoints")[-1].name == checkpoint_name(2, 0)

@@ -185,6 +185,12 @@ class Backend(ABC):
     def scale_learning_rate(self, factor: float) -> None:
         """Multiplies the optimizer's learning rates (each group's) by `factor`."""
 
+    def take_place(self) -> None:
+        """This process's rank, local rank, world size and local size, as Horovod says them
+        (after it started, and anew after an elastic reset)."""
+        self.rank, self.local_rank = self.hvd.rank(), self.hvd.local_rank()
+        self.world_size, self.local_size = self.hvd.size(), self.hvd.local_size()
+
     def is_tensor(self, value: Any) -> bool:
         """Whether `value` is one of the framework's tensors."""
         return False

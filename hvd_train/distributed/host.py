@@ -8,6 +8,7 @@ import math
 import os
 import platform
 from pathlib import Path
+from types import ModuleType
 
 from hvd_train.errors import UsageError
 
@@ -24,11 +25,14 @@ MMAP_THRESHOLD_BYTES = 32 * 2**20
 TRIM_THRESHOLD_BYTES = 128 * 2**20
 
 
-def apply_horovod_defaults() -> None:
-    """HOROVOD_DEFAULTS into the environment, where it has no value; before hvd.init, which
-    reads them."""
+def start_horovod(hvd: ModuleType) -> None:
+    """Horovod's binding `hvd` started (or joined, where a launcher started the job), with
+    HOROVOD_DEFAULTS where the environment gives none (hvd.init reads them) and malloc keeping
+    the memory a step frees."""
     for name, value in HOROVOD_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    keep_freed_memory()
+    hvd.init()
 
 
 def host_name() -> str:

@@ -35,6 +35,7 @@ import numpy as np
 
 from hvd_train.checkpoint import (
     Arrays,
+    check_weights_fit,
     checkpoint_name,
     load_checkpoint,
     load_newest_valid,
@@ -394,7 +395,8 @@ class Distributed:
                     f"({kept['layout']} weights), and this loop trains a {self.framework} model; "
                     "load it into the model that wrote it"
                 )
-            _check_fits(checkpoint.path, checkpoint.weights, self.backend.state().weights)
+            check_weights_fit(checkpoint, self.backend.state().weights,
+                              "load it into the model that wrote it")  # fmt: skip
             try:
                 self.backend.load_state(checkpoint.weights, checkpoint.optimizer)
             except (ValueError, KeyError, RuntimeError) as error:
@@ -528,20 +530,6 @@ def _loop_values(values: dict[str, Any]) -> str:
             f"save: the loop's values cannot be saved ({error}); give numbers, strings, lists "
             "and dicts beside the model and the optimizer"
         ) from None
-
-
-def _check_fits(path: Path, saved: Arrays, weights: Arrays) -> None:
-    """The checkpoint holds exactly the model's tensors, shape for shape."""
-    there = {name: tuple(array.shape) for name, array in saved.items()}
-    here = {name: tuple(array.shape) for name, array in weights.items()}
-    if there == here:
-        return
-    name = sorted(set(there.items()) ^ set(here.items()))[0][0]
-    raise UsageError(
-        f"checkpoint {path} was written for another model ({name}: "
-        f"{there.get(name, 'absent')} there, {here.get(name, 'absent')} here); load it into "
-        "the model that wrote it"
-    )
 
 
 class _OnRankZero(logging.Filter):

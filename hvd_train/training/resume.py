@@ -14,7 +14,6 @@ from typing import Any
 
 from hvd_train.checkpoint import (
     BEST,
-    Arrays,
     Checkpoint,
     best_checkpoint,
     checkpoints,
@@ -155,24 +154,6 @@ def resumed_option(state: dict[str, Any], flag: str, given: Any) -> Any:
             "out to continue the run with its own"
         )
     return saved
-
-
-def _describe(arrays: Arrays) -> dict[str, tuple[int, ...]]:
-    return {name: tuple(array.shape) for name, array in arrays.items()}
-
-
-def check_weights_fit(checkpoint: Checkpoint, weights: Arrays, remedy: str) -> None:
-    """The checkpoint holds exactly the tensors of `weights` (the model's), shape for shape."""
-    saved, wanted = _describe(checkpoint.weights), _describe(weights)
-    if saved == wanted:
-        return
-    name = next(iter(sorted(set(saved) ^ set(wanted)) or
-                     [n for n in wanted if saved[n] != wanted[n]]))  # fmt: skip
-    there, here = saved.get(name, "absent"), wanted.get(name, "absent")
-    raise UsageError(
-        f"checkpoint {checkpoint.path} was written for another model (recipe "
-        f"{checkpoint.state['recipe']!r}; {name}: {there} there, {here} here); {remedy}"
-    )
 
 
 def check_layout(checkpoint: Checkpoint, framework: str, layout: str) -> None:

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvd_train.builders import Layout, build_model
-from hvd_train.checkpoint import Arrays, Checkpoint
+from hvd_train.checkpoint import Arrays, Checkpoint, check_weights_fit
 from hvd_train.distributed.layer import Distributed, buckets
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.layers import trained_weight_shapes
 from hvd_train.recipe.settings import Data, Optimizer
-from hvd_train.training.resume import check_layout, check_weights_fit
+from hvd_train.training.resume import check_layout
 
 
 def start(framework: str, recipe: Recipe | None = None) -> Distributed:

@@ -1,4 +1,4 @@
-"""The optimizers' settings under each dist, in a process of its own: `weight_decay_exclude`
+"""The optimizers' settings under each backend, in a process of its own: `weight_decay_exclude`
 keeps biases and normalisation layers from weight decay, coupled (sgd) and decoupled (adamw),
 and every other parameter takes it; rmsprop and sgd with Nesterov momentum take under Keras
 the steps torch's own optimizers take; a Python recipe's own optimizer takes the schedule's

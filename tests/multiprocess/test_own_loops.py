@@ -1,6 +1,7 @@
 """The own-loop layer under the real `horovodrun -np 2` and `hvd_train.launch`: the ports of
 Horovod's own MNIST examples (recipes/examples/own_loop_*.py) learn, write checkpoints that
-`hvd-train eval` scores, and, killed and resumed, end with the weights of the run that was not;
+`hvd-train eval` scores and `export` writes, and, killed and resumed, end with the weights of
+the run that was not;
 and each mistake with the layer is one line and exit code 2, with nothing written half."""
 
 import re
@@ -12,7 +13,7 @@ import pytest
 
 from hvd_train.checkpoint import checkpoint_name, checkpoints
 from tests.conftest import FRAMEWORKS, REPO
-from tests.helpers import assert_same_weights, evaluation, saved_weights
+from tests.helpers import assert_same_weights, evaluation, hvd_train, saved_weights
 from tests.multiprocess.conftest import (
     HOROVODRUN,
     TIMEOUT,
@@ -26,6 +27,7 @@ from tests.multiprocess.conftest import (
 
 pytestmark = pytest.mark.multiprocess
 EXAMPLES = REPO / "recipes" / "examples"
+EXPORTS = {"torch": "torch", "tensorflow": "keras"}
 
 
 @pytest.mark.slow
@@ -39,6 +41,9 @@ def test_the_port_learns_scores_and_resumes_to_the_same_weights(framework, mnist
     assert accuracy >= 98.5, output
     scored = evaluation(straight, "--framework", framework, "--data-dir", str(mnist_dir))
     assert scored["test_accuracy"] == pytest.approx(accuracy / 100, abs=5e-5)
+    exported = hvd_train("export", str(straight), "--format", EXPORTS[framework], "--data-dir",
+                         str(mnist_dir))  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
 
     killed = tmp_path / "killed"
     command = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, *arguments]

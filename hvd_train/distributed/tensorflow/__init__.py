@@ -33,7 +33,7 @@ from hvd_train.distributed.backend import (
     ModelState,
     StepResult,
 )
-from hvd_train.distributed.host import apply_horovod_defaults, keep_freed_memory, threads_per_rank
+from hvd_train.distributed.host import start_horovod, threads_per_rank
 from hvd_train.distributed.overlap import OverlapChoice
 from hvd_train.distributed.tensorflow import exchange as averaging
 from hvd_train.distributed.tensorflow.compiled import Compiled
@@ -60,11 +60,8 @@ class TensorFlowBackend(Backend):
     losses = MappingProxyType({"cross_entropy": cross_entropy})
 
     def start(self, precision: str | None, may_overlap: bool) -> None:
-        apply_horovod_defaults()
-        keep_freed_memory()
-        hvd.init()
-        self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
-        self.world_size, self.local_size = hvd.size(), hvd.local_size()
+        start_horovod(hvd)
+        self.take_place()
         if precision is not None:  # the Keras models built from now on compute in it
             keras.config.set_dtype_policy(KERAS_POLICIES[precision])
         gpus = tf.config.list_physical_devices("GPU")

@@ -37,7 +37,7 @@ from hvd_train.distributed.backend import (
     StepResult,
     T,
 )
-from hvd_train.distributed.host import apply_horovod_defaults, keep_freed_memory, threads_per_rank
+from hvd_train.distributed.host import start_horovod, threads_per_rank
 from hvd_train.distributed.torch import exchange as gradients
 from hvd_train.distributed.torch.modules import (
     AUTOCAST,
@@ -60,14 +60,11 @@ class TorchBackend(Backend):
     losses = MappingProxyType({"cross_entropy": cross_entropy})
 
     def start(self, precision: str | None, may_overlap: bool) -> None:
-        apply_horovod_defaults()
-        keep_freed_memory()
-        hvd.init()
+        start_horovod(hvd)
         self._pin()
 
     def _pin(self) -> None:
-        self.rank, self.local_rank = hvd.rank(), hvd.local_rank()
-        self.world_size, self.local_size = hvd.size(), hvd.local_size()
+        self.take_place()
         # Alone, Horovod registers no hooks (unless elastic) and would average each gradient by
         # itself, in a round trip to its background thread: there is nothing to exchange.
         self.exchanges = self.world_size > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"

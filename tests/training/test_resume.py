@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvd_train.checkpoint import Checkpoint, checkpoint_name
+from hvd_train.checkpoint import Checkpoint, check_weights_fit, checkpoint_name
 from hvd_train.errors import UsageError
 from hvd_train.recipe import load_recipe
 from hvd_train.recipe.toml import recipe_toml
@@ -16,7 +16,6 @@ from hvd_train.training.resume import (
     check_continues,
     check_layout,
     check_same_run,
-    check_weights_fit,
     resumed_option,
     saved_framework,
     saved_recipe,
