@@ -147,26 +147,30 @@ class Exchange:
             return self.averaged
         started = time.perf_counter()
         self._claim()
-        if carry is None and not self.choice.deciding:  # nothing to carry: the gradients alone
-            if self.exchanges:
-                self._average(None)
-            self.averaged = np.zeros(0)
-            return self.averaged
-        values = np.concatenate([np.zeros(0) if carry is None else carry, self.choice.last])
-        averaged = self._average(torch.from_numpy(values)) if self.exchanges else values
-        self.choice.record(started - self.began, time.perf_counter() - started, averaged[-2:])
-        self.averaged = averaged[:-2]
-        return self.averaged
+        deciding = self.choice.deciding
+        values = np.zeros(0) if carry is None else carry
+        if deciding:
+            values = np.concatenate([values, self.choice.last])
+        averaged = self._average(values) if self.exchanges else values
+        if deciding:
+            self.choice.record(started - self.began, time.perf_counter() - started, averaged[-2:])
+            averaged = averaged[:-2]
+        self.averaged = averaged
+        return averaged
 
-    def _average(self, control: torch.Tensor | None) -> np.ndarray:
+    def _average(self, control: np.ndarray) -> np.ndarray:
+        """Averages the gradients, and `control` with them (nothing more where it is empty):
+        in the buffer's slots, written and read as NumPy on the CPU (no torch op to dispatch),
+        else in an allreduce of their own."""
         control_handle = None
-        if control is None:
+        if not len(control):
             pass
         elif self.carries_control:
             assert len(control) <= CONTROL_SLOTS, "more control values than CONTROL_SLOTS"
-            self.control[: len(control)] = control
+            self._write_control(control)
         else:
-            control_handle = hvd.allreduce_async_(control, op=hvd.Average, name="hvd_train.control")
+            control_handle = hvd.allreduce_async_(torch.from_numpy(control), op=hvd.Average,
+                                                  name="hvd_train.control")  # fmt: skip
         if self.choice.overlap:
             full = [count == len(b) * self.passes for count, b in zip(self.arrived, self.buckets,
                                                                         strict=True)]  # fmt: skip
@@ -182,13 +186,22 @@ class Exchange:
             average = hvd.synchronize(handle)
             if self.travel is not None:
                 part.copy_(average)
-        if control is None:
-            return np.zeros(0)
-        if control_handle is None:
-            averaged = self.control[: len(control)].clone()
+        if not len(control):
+            return control
+        if control_handle is not None:
+            return hvd.synchronize(control_handle).numpy()
+        return self._read_control(len(control))
+
+    def _write_control(self, values: np.ndarray) -> None:
+        if self.control.device.type == "cpu":
+            self.control.numpy()[: len(values)] = values
         else:
-            averaged = hvd.synchronize(control_handle)
-        return averaged.cpu().numpy()
+            self.control[: len(values)] = torch.from_numpy(values)
+
+    def _read_control(self, count: int) -> np.ndarray:
+        if self.control.device.type == "cpu":
+            return self.control.numpy()[:count].astype(np.float64)
+        return self.control[:count].cpu().numpy().astype(np.float64)
 
 
 class Stepping:
