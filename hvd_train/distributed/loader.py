@@ -4,6 +4,7 @@ and seeds derived from the seed and the epoch), handing out the framework's tens
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import closing
 from typing import Any
@@ -13,7 +14,13 @@ import numpy as np
 from hvd_train.data.base import ArrayDataset, Dataset
 from hvd_train.data.hugging_face import hugging_face, is_hugging_face
 from hvd_train.data.pipeline import augmentation, read_ahead, workers_for
-from hvd_train.data.sharding import epoch_order, eval_indices, shard_steps, step_seed
+from hvd_train.data.sharding import (
+    epoch_order,
+    eval_indices,
+    shard_steps,
+    step_seed,
+    steps_per_epoch,
+)
 from hvd_train.data.transforms import Transformed, Transforms, parse_transforms
 from hvd_train.distributed.backend import Backend
 from hvd_train.errors import UsageError
@@ -62,7 +69,8 @@ class Loader:
         self.epoch, self.first = 0, 0
         size, rank, world = len(dataset), backend.rank, backend.world_size
         self.mine = None if shuffle else eval_indices(size, rank, world)
-        self.steps = len(self._steps())
+        self.steps = (steps_per_epoch(size, world, batch_size) if self.mine is None
+                      else math.ceil(len(self.mine) / batch_size))  # fmt: skip
 
     @property
     def global_batch(self) -> int:
