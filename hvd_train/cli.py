@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="SECTION.KEY=VALUE",
         help="override any recipe setting, checked as the recipe file is (repeatable), e.g. "
-        "--set optimizer.momentum=0.9",
+        "--set optimizer.weight_decay=1e-4",
     )
     recipe.add_argument("--epochs", type=positive(int), help="override the recipe's epochs")
     recipe.add_argument(

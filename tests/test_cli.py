@@ -139,8 +139,12 @@ BAD_INPUTS = [
      "--track: unknown tracker 'wandb'; choose from mlflow, csv"),
     ("unknown tracker in the recipe", ["--set", "output.trackers=['wandb']"],
      "override output.trackers: unknown tracker 'wandb'; choose from mlflow, csv"),
-    ("setting that needs another", ["--set", "optimizer.nesterov=true"],
-     'override optimizer.nesterov: Nesterov momentum needs name = "sgd" and a momentum above 0'),
+    ("setting that needs another",
+     ["--set", "optimizer.name=sgd", "--set", "optimizer.nesterov=true"],
+     "override optimizer.nesterov: Nesterov momentum needs a momentum above 0"),
+    ("setting nothing chosen reads", ["--set", "optimizer.momentum=0.9"],
+     'override optimizer.momentum: set, but nothing chosen reads it (only optimizer.name = "sgd" '
+     'or "rmsprop" does); choose that, or leave momentum out'),
     ("override of the wrong type", ["--set", "schedule.batch_size=big"],
      "override schedule.batch_size: expected int, got 'big'"),
     ("override without a value", ["--set", "epochs"],
@@ -370,14 +374,14 @@ def test_a_loss_branching_on_a_tensor_under_tensorflow_is_one_line(tmp_path):
 
 
 def test_show_recipe_prints_the_effective_recipe(tmp_path):
-    result = hvd_train("show-recipe", "--recipe", "mnist_bn", "--set", "optimizer.momentum=0.5",
+    result = hvd_train("show-recipe", "--recipe", "mnist_bn", "--set", "optimizer.weight_decay=0.5",
                  "--epochs", "7", "--set", "horovod.compression=bf16")  # fmt: skip
     assert result.returncode == 0, result.stderr
     path = tmp_path / "shown.toml"
     path.write_text(result.stdout)
     shown = load_recipe(str(path))
     expected = load_recipe("mnist_bn").with_overrides(
-        {"momentum": 0.5, "epochs": 7, "compression": "bf16"}
+        {"weight_decay": 0.5, "epochs": 7, "compression": "bf16"}
     )
     assert shown.settings_table() == expected.settings_table()
     assert f"hash {expected.recipe_hash()}" in result.stdout.splitlines()[0]

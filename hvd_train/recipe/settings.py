@@ -66,6 +66,17 @@ class Settings:
                 checked = item.metadata["rule"].check(f"{self.section}.{item.name}", value)
                 object.__setattr__(self, item.name, checked)
 
+    def check_read(self) -> None:
+        """Refuses a value, other than its key's default, that nothing chosen reads
+        (`READ_ONLY_WHEN`): it would do nothing. Called once the table's own checks passed."""
+        for key, when in READ_ONLY_WHEN.get(type(self).__name__, {}).items():
+            if getattr(self, key) != _default(type(self), key) and not when.reads(self):
+                raise self.fail(
+                    key,
+                    f"set, but nothing chosen reads it (only {when.reader} does); choose "
+                    f"that, or leave {key} out",
+                )
+
     def fail(self, key: str, problem: str) -> UsageError:
         return UsageError(f"{self.section}.{key}: {problem}")
 
@@ -164,11 +175,12 @@ class Optimizer(Settings):
             example = 'like ["bias", "norm"]'
             raise self.fail("weight_decay_exclude", f"expected a list of words, {example}")
         object.__setattr__(self, "weight_decay_exclude", tuple(words))
-        if self.nesterov and (self.name != "sgd" or self.momentum == 0):
+        self.check_read()
+        if self.nesterov and self.momentum == 0:
             raise self.fail(
                 "nesterov",
-                'Nesterov momentum needs name = "sgd" and a momentum above 0; set '
-                "optimizer.momentum (0.9 is usual), or leave nesterov out",
+                "Nesterov momentum needs a momentum above 0; set optimizer.momentum (0.9 is "
+                "usual), or leave nesterov out",
             )
 
     def _check_function(self) -> None:
@@ -297,6 +309,7 @@ class Loading(Settings):
                 f"unknown value {workers!r}; give a number of threads (0: read in the step) "
                 'or "auto"',
             )
+        self.check_read()
 
 
 @dataclass(frozen=True)
@@ -309,6 +322,10 @@ class Checkpoints(Settings):
     keep_best: int = setting(0, kind=int, minimum=0)
     monitor: str = setting("val_loss", kind=str)
     mode: str = setting("min", kind=str, choices=("min", "max"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_read()
 
 
 def checked_trackers(names: Any, given_as: str) -> tuple[str, ...]:
@@ -339,6 +356,45 @@ class Output(Settings):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trackers", checked_trackers(self.trackers, "output.trackers"))
+
+
+@dataclass(frozen=True)
+class ReadWhen:
+    """A setting that only some choices read: `reads` tells from its table whether one of them
+    is chosen, `reader` names them for the message."""
+
+    reads: Callable[[Any], bool]
+    reader: str
+
+
+# The settings that only some choices read, by table, in one place: a value other than the
+# key's default where none of its readers is chosen would do nothing, so it is refused by name,
+# from the recipe, `--set` and Python tables alike. (A source's `[data]` keys have their own
+# table, data/sources.py; a decay's parameters theirs, recipe/learning_rate.py.)
+READ_ONLY_WHEN: dict[str, dict[str, ReadWhen]] = {
+    "Optimizer": {
+        "momentum": ReadWhen(
+            lambda o: o.name in ("sgd", "rmsprop"), 'optimizer.name = "sgd" or "rmsprop"'
+        ),
+        "nesterov": ReadWhen(lambda o: o.name == "sgd", 'optimizer.name = "sgd"'),
+        "weight_decay_exclude": ReadWhen(
+            lambda o: o.weight_decay > 0, "optimizer.weight_decay above 0"
+        ),
+    },
+    "Loading": {
+        "prefetch": ReadWhen(lambda d: d.workers != 0, "data.workers other than 0"),
+        "timeout": ReadWhen(lambda d: d.workers != 0, "data.workers other than 0"),
+    },
+    "Checkpoints": {
+        "monitor": ReadWhen(lambda c: c.keep_best > 0, "checkpoints.keep_best above 0"),
+        "mode": ReadWhen(lambda c: c.keep_best > 0, "checkpoints.keep_best above 0"),
+    },
+}
+
+
+def _default(cls: type[Settings], key: str) -> Any:
+    (item,) = (item for item in dataclasses.fields(cls) if item.name == key)  # type: ignore[arg-type]
+    return item.default
 
 
 # Every key's section, so an override may name a key alone (`epochs=2`): the names are unique.

@@ -47,8 +47,9 @@ report, start_weights = {}, None
 for name in ("sgd", "adamw"):
     weights = []
     for decay in (0.5, 0.0):  # each a new layer, set up once
+        exclude = ["BIAS", "norm"] if decay else []  # (nothing reads it without a decay)
         dist = open_run(sys.argv[1], recipe.with_overrides({
-            "name": name, "weight_decay": decay, "weight_decay_exclude": ["BIAS", "norm"]}), 0).dist
+            "name": name, "weight_decay": decay, "weight_decay_exclude": exclude}), 0).dist
         start_weights = start_weights or {k: v.copy() for k, v in dist.state().weights.items()}
         dist.load_state(weights=start_weights)
         before = {k: v for k, v in dist.trained_state().items() if k.startswith("weight.")}
@@ -135,6 +136,26 @@ def test_rmsprop_and_nesterov_take_torchs_steps_under_keras():
         assert np.abs(torch_step - start).min() > 1e-3, settings  # every weight moved
         np.testing.assert_allclose(keras_step, torch_step, rtol=1e-5, atol=1e-6,
                                    err_msg=str(settings))  # fmt: skip
+
+
+# Whether each optimizer's steps change with momentum, the table's refusal bypassed: the
+# optimizers READ_ONLY_WHEN says ignore it must step alike with and without it.
+MOMENTUM = STEPS.replace(
+    "config = Optimizer(**settings, learning_rate=0.01)",
+    "config = Optimizer(name=settings['name'], learning_rate=0.01)\n"
+    "    object.__setattr__(config, 'momentum', settings['momentum'])",
+)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_optimizers_that_read_momentum_are_those_the_table_names(framework):
+    from hvd_train.recipe.settings import OPTIMIZERS, READ_ONLY_WHEN, Optimizer
+
+    settings = [{"name": name, "momentum": m} for name in OPTIMIZERS for m in (0.0, 0.5)]
+    steps = np.array(probe(MOMENTUM, framework, json.dumps(settings))[1:])
+    reads = READ_ONLY_WHEN["Optimizer"]["momentum"].reads
+    for name, (without, with_momentum) in zip(OPTIMIZERS, steps.reshape(4, 2, 4, 5), strict=True):
+        assert (not np.array_equal(without, with_momentum)) == reads(Optimizer(name=name)), name
 
 
 # A Python recipe's own optimizer, made by its function: one step through the backend at the

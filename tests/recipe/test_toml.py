@@ -68,8 +68,8 @@ def test_how_batches_are_read_is_said_in_data_and_set_like_any_key():
         "timeout": 300.0,
         "validation_fraction": 0.0,
     }
-    again = recipe.with_overrides({"data.workers": 0, "prefetch": 4, "validation_fraction": 0.1})
-    assert again.loading == Loading(workers=0, prefetch=4, validation_fraction=0.1)
+    again = recipe.with_overrides({"data.workers": 2, "prefetch": 4, "validation_fraction": 0.1})
+    assert again.loading == Loading(workers=2, prefetch=4, validation_fraction=0.1)
     assert again.data == recipe.data
     assert parse(recipe_toml(again)).loading == again.loading
 
