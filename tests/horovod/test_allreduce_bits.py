@@ -70,3 +70,26 @@ def test_the_two_rank_exchange_keeps_no_buffer_the_size_of_a_large_allreduce():
     assert memory["correct"]
     # 256 MiB went through; the exchange may keep two chunks of 4 MiB of the peer's values.
     assert memory["after"] - memory["before"] < 32, memory
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("controller", ["--gloo", "--mpi"])
+def test_slices_of_one_buffer_are_reduced_where_they_lie_without_a_copy(controller, tmp_path):
+    if controller == "--mpi" and shutil.which("mpirun") is None:
+        pytest.skip("Open MPI is not installed here (make setup installs it where it can)")
+    timeline = tmp_path / "timeline.json"
+    script = str(Path(__file__).with_name("in_place_timeline.py"))
+    result = horovodrun(script, horovodrun_options=[controller, "--timeline-filename",
+                                                    str(timeline)])  # fmt: skip
+    assert result.stdout.count("OK") == 2, result.stdout + result.stderr
+    text = timeline.read_text().rstrip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    tensors = {e["pid"]: e["args"]["name"] for e in events
+               if e.get("name") == "process_name" and "name" in e["args"]}  # fmt: skip
+    kind = {pid: name.split(".")[1] for pid, name in tensors.items()}  # grouped_allreduce.KIND.i
+    copied = {kind[e["pid"]] for e in events if e.get("name") == "MEMCPY_IN_FUSION_BUFFER"}
+    reduced = {kind[e["pid"]] for e in events if e.get("name") == "ALLREDUCE"}
+    # Both groups were reduced, and the timeline records the copies into the fusion buffer:
+    # those of the separate tensors, none of the slices of one buffer.
+    assert reduced == {"in_place", "copied"}, tensors
+    assert copied == {"copied"}
