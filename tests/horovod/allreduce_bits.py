@@ -138,6 +138,15 @@ class TensorFlow(Binding):
         return fused(tensors)
 
 
+BFLOAT16_SPECIALS = [
+    ("inf+1", np.inf, 1.0),
+    ("inf-inf", np.inf, -np.inf),
+    ("nan+1", np.array([0x7F81], np.uint16).view(BFLOAT16)[0], 1.0),
+    ("-nan+2", -np.nan, 2.0),
+    ("overflow", 3.0e38, 3.0e38),
+]
+
+
 def rank_data(rank: int, size: int, dtype: type, kind: str, count: int) -> np.ndarray:
     """Rank `rank`'s input. `small`: integers whose sums over `size` ranks fit the dtype;
     `wide` (floats): normal numbers spread over many exponents (float16: a standard deviation
@@ -240,6 +249,12 @@ def main() -> None:
     nans = [np.array([np.nan], np.float32), -np.array([np.nan], np.float32)]
     nans += [np.zeros(1, np.float32)] * (size - 2)
     records.append(run_case(framework, "float32 nans", nans, "sum", "single"))
+    # bfloat16's infinities, NaNs (one with the smallest payload) and overflow, as rank 0's and
+    # rank 1's values: each sum rounded from float as IEEE says, the same bits on every rank.
+    for name, first, second in BFLOAT16_SPECIALS:
+        inputs = [np.array([v], BFLOAT16) for v in [first, second, *[0.0] * (size - 2)]]
+        for reduction in ("sum", "max"):
+            records.append(run_case(framework, f"bfloat16 {name}", inputs, reduction, "single"))
     if hvd.rank() == 0:
         with open(sys.argv[2], "w") as out:
             json.dump(records, out, indent=1)

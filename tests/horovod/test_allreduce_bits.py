@@ -52,6 +52,10 @@ def test_ranks_get_the_same_bits_and_the_exact_answer(framework, ranks, controll
         # bfloat16 sums of two ranks, whichever way enqueued: added in float, rounded once.
         modes = ("single", "fused", "grouped", "in place")[: 4 if framework == "torch" else 3]
         assert exact >= {f"bfloat16 wide sum {mode}" for mode in modes}
+        # Its infinities, NaNs and overflow: Inf, NaN, NaN, NaN, Inf.
+        specials = ("inf+1", "inf-inf", "nan+1", "-nan+2", "overflow")
+        assert exact >= {f"bfloat16 {name} sum single" for name in specials}
+        assert exact >= {"bfloat16 inf+1 max single", "bfloat16 inf-inf max single"}
     small = {f"{dtype} small sum reducescatter" for dtype in ("float16", "bfloat16", "float32")}
     assert small <= exact
     # Every dtype's small integers are summed exactly, whichever way they were enqueued; torch's
