@@ -87,10 +87,11 @@ def setting(text: str) -> tuple[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    frameworks = " or ".join(framework.display for framework in FRAMEWORKS.values())
     parser = Parser(
         prog="hvd-train",
-        description="Data-parallel training with Horovod from one recipe, under PyTorch or "
-        "TensorFlow. Run alone, or under `horovodrun -np N` for N processes.",
+        description=f"Data-parallel training with Horovod from one recipe, under {frameworks}. "
+        "Run alone, or under `horovodrun -np N` for N processes.",
     )
     parser.add_argument("--version", action="version", version=f"hvd_train {__version__}")
     recipe = Parser(add_help=False)
@@ -171,16 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a sentence"
     )
+    formats = {name: text for f in FRAMEWORKS.values() for name, (_, text) in f.exports.items()}
     export = commands.add_parser(
         "export", parents=[shared], help="write a checkpoint's model for serving, without "
-        "hvd_train: torch.export program, ONNX, .keras or SavedModel",
+        f"hvd_train: {', '.join(formats.values())}",
     )  # fmt: skip
     export.add_argument("checkpoint", type=Path, metavar="CHECKPOINT",
                         help="a checkpoint, or a run directory (its newest)")  # fmt: skip
-    export.add_argument("--format", required=True, choices=EXPORT_FORMATS,
-                        help="torch: a torch.export program (.pt2; TorchScript .pt where export "
-                        "cannot); onnx; keras: a .keras file; savedmodel: a TensorFlow "
-                        "SavedModel folder")  # fmt: skip
+    export.add_argument(
+        "--format",
+        required=True,
+        choices=EXPORT_FORMATS,
+        help="; ".join(f"{name}: {text}" for name, text in formats.items()),
+    )
     export.add_argument("-o", "--output", type=Path, help="where to write it (default: the "
                         "run's export/ folder, with the format's suffix)")  # fmt: skip
     export.add_argument("--recipe", help="for a Python recipe's checkpoint: the recipe, if it "

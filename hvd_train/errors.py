@@ -72,5 +72,7 @@ def report(error: BaseException) -> None:
 
 def horovod_started() -> bool:
     """Whether this process initialised a Horovod binding (imported only by a backend)."""
-    bindings = [sys.modules.get(name) for name in ("horovod.torch", "horovod.tensorflow")]
+    from hvd_train.distributed.frameworks import FRAMEWORKS  # which imports this module
+
+    bindings = [sys.modules.get(framework.binding) for framework in FRAMEWORKS.values()]
     return any(binding is not None and binding.is_initialized() for binding in bindings)

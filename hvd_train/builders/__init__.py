@@ -14,14 +14,14 @@ import importlib
 import random
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from hvd_train.checkpoint import Arrays
-from hvd_train.distributed.frameworks import builder_of, framework_named
+from hvd_train.distributed.frameworks import OWN_MODELS, builder_of, framework_named
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Data, Recipe
 
@@ -51,34 +51,27 @@ class Built:
     layout: Layout
 
 
-# Keras's dtype policies for the recipe's precisions: compute in bf16 or fp16, weights in fp32.
-KERAS_POLICIES = {"fp32": "float32", "bf16-mixed": "mixed_bfloat16", "fp16-mixed": "mixed_float16"}
-
-
 def build_model(recipe: Recipe, framework: str, seed: int) -> Built:
     """The recipe's model under `framework`, built after seeding the framework, so every build
     in a run (and in its resumed run) starts from the same weights. Keras layers are made under
-    the policy of the recipe's precision; a torch module computes in it under torch.autocast
-    (`distributed.torch.modules.compute_in`)."""
+    the policy of the recipe's precision (`models_precision`); a torch module computes in it
+    under torch.autocast (`distributed.torch.modules.compute_in`)."""
     recipe.check_framework(framework)
     seed_framework(framework, seed)
-    with keras_precision(recipe.schedule.precision):
+    with models_precision(recipe.schedule.precision):
         return _build(recipe, framework)
 
 
 @contextmanager
-def keras_precision(precision: str) -> Iterator[None]:
-    """Keras layers made inside compute in `precision` (where Keras is loaded at all)."""
-    keras = sys.modules.get("keras")
-    if keras is None:
+def models_precision(precision: str) -> Iterator[None]:
+    """Models of each kind whose library is loaded (a Keras model under torch too) are made
+    inside computing in `precision`, where their builder sets it so (its `precision`)."""
+    with ExitStack() as stack:
+        for kind in [kind for kind in OWN_MODELS if kind in sys.modules]:  # (modules' names)
+            setting = getattr(importlib.import_module(builder_of(kind)), "precision", None)
+            if setting is not None:
+                stack.enter_context(setting(precision))
         yield
-        return
-    before = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(KERAS_POLICIES[precision])
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(before)
 
 
 def _build(recipe: Recipe, framework: str) -> Built:

@@ -11,6 +11,8 @@ would change between two builds of the same model.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import keras
@@ -22,6 +24,21 @@ from hvd_train.recipe import Recipe
 from hvd_train.recipe.layers import Layer, Shape
 
 SEED_STATE = "seed_generator_state"
+
+
+# Keras's dtype policies for the recipe's precisions: compute in bf16 or fp16, weights in fp32.
+POLICIES = {"fp32": "float32", "bf16-mixed": "mixed_bfloat16", "fp16-mixed": "mixed_float16"}
+
+
+@contextmanager
+def precision(precision: str) -> Iterator[None]:
+    """Keras layers made inside compute in `precision`."""
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(POLICIES[precision])
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(before)
 
 
 def seed(seed: int) -> None:

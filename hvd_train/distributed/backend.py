@@ -203,7 +203,7 @@ class Backend(ABC):
     def no_sync(self) -> Iterator[None]:
         """Backward passes whose gradients stay on this rank, adding up until a pass outside."""
         raise UsageError(
-            f"no_sync() is torch's; under {self.name}, accumulate with setup(..., "
+            f"{self.name}'s loop has no no_sync(); accumulate with setup(..., "
             "backward_passes_per_step=N)"
         )
         yield

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 class Framework:
     name: str  # --framework's value
     module: str  # its Python module
+    display: str  # its name in prose, and in `horovodrun --check-build`'s list
     backend: str  # "package:Class", the framework's `Backend`
     binding: str  # Horovod's module for it: two in one process are known to crash
     # The module that builds the neutral layer list for it (`build_neutral`), seeds its random
@@ -34,7 +35,8 @@ class Framework:
     # (Recipe.torch_model) or "keras" (Recipe.keras_model), the one it takes first first. The
     # first is also the kind of model its builder makes.
     models: tuple[str, ...]
-    exports: dict[str, str]  # `hvd-train export`'s formats it writes, with their suffixes
+    # `hvd-train export`'s formats it writes: each one's suffix, and what it is for --help.
+    exports: dict[str, tuple[str, str]]
     packages: tuple[str, ...]  # the distributions that provide it (any one of them)
     # Settings it reads once, as it loads, applied where the environment gives none.
     environment: dict[str, str] = field(default_factory=dict)
@@ -49,21 +51,32 @@ FRAMEWORKS = {
         Framework(
             name="torch",
             module="torch",
+            display="PyTorch",
             backend="hvd_train.distributed.torch:TorchBackend",
             binding="horovod.torch",
             builder="hvd_train.builders.torch_layers",
             models=("torch", "keras"),  # a Keras 3 model on Keras's torch backend
-            exports={"torch": ".pt2", "onnx": ".onnx"},
+            exports={
+                "torch": (
+                    ".pt2",
+                    "a torch.export program (.pt2; TorchScript .pt where export cannot)",
+                ),
+                "onnx": (".onnx", "ONNX"),
+            },
             packages=("torch",),
         ),
         Framework(
             name="tensorflow",
             module="tensorflow",
+            display="TensorFlow",
             backend="hvd_train.distributed.tensorflow:TensorFlowBackend",
             binding="horovod.tensorflow",
             builder="hvd_train.builders.keras_models",
             models=("keras",),
-            exports={"keras": ".keras", "savedmodel": ".savedmodel"},  # a SavedModel: a folder
+            exports={
+                "keras": (".keras", "a .keras file"),
+                "savedmodel": (".savedmodel", "a TensorFlow SavedModel folder"),
+            },
             packages=("tensorflow", "tensorflow-cpu"),
             # On Linux, TensorFlow turns oneDNN's CPU kernels on by itself only on CPUs with
             # neural-network instructions (AVX512-VNNI or -BF16, AVX-VNNI, AMX). On an
@@ -81,7 +94,7 @@ OWN_MODELS = {"torch": "torch_model", "keras": "keras_model"}
 EXPORT_FORMATS = {
     format: (framework.name, suffix)
     for framework in FRAMEWORKS.values()
-    for format, suffix in framework.exports.items()
+    for format, (suffix, _) in framework.exports.items()
 }
 
 

@@ -79,7 +79,7 @@ def framework_in_use() -> str:
         found = " and ".join(imported) or "neither"
         raise UsageError(
             f"Distributed: the loop imported {found} of {', '.join(FRAMEWORKS)}; name the "
-            'framework: Distributed("torch") or Distributed("tensorflow")'
+            f"framework: {' or '.join(f'Distributed({name!r})' for name in FRAMEWORKS)}"
         )
     return imported[0]
 

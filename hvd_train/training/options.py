@@ -58,8 +58,9 @@ class RunOptions:
         rule=POSITIVE, metavar="K",
     )  # fmt: skip
     elastic: bool = option(
-        False, "elastic training (torch): run under `horovodrun --min-np/--max-np "
-        "--host-discovery-script`; workers may leave or join, and the job goes on",
+        False, "elastic training: run under `horovodrun --min-np/--max-np "
+        "--host-discovery-script`; workers may leave or join, and the job goes on (a framework "
+        "without it says so; docs/elastic.md)",
     )  # fmt: skip
     commit_every: int = option(
         10, "with --elastic, commit the state every this many steps; a failure loses at most "

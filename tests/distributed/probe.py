@@ -40,7 +40,7 @@ dist.train_step([take(data.train, np.arange(64))], 0.0, 0, np.zeros(2))
 saved |= {f"stepped.{name}": array for name, array in run.weights().items()}
 
 # The biases in a parameter group of their own: the state keeps the parameters' order.
-grouped = recipe.with_overrides({"weight_decay_exclude": ["bias"]})
+grouped = recipe.with_overrides({"weight_decay": 1e-4, "weight_decay_exclude": ["bias"]})
 dist = open_run(framework, grouped, seed=0).dist
 for step in range(2):  # give the optimizer some state
     batch = take(data.train, np.arange(64 * step, 64 * (step + 1)))

@@ -4,6 +4,7 @@ registered backend and builder is what its entry says (checked in a process of i
 process loads one Horovod binding)."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,10 @@ from tests.conftest import FRAMEWORKS as PARAMETERS
 from tests.conftest import REPO
 
 PACKAGE = REPO / "hvd_train"
-NAMES = {name for f in FRAMEWORKS.values() for name in (f.name, f.module)}
+# Every name of a framework: --framework's, its module's, its display name, and the model
+# libraries it trains (Keras), compared as words in any case.
+NAMES = {name.lower() for f in FRAMEWORKS.values()
+         for name in (f.name, f.module, f.display, *f.models)}  # fmt: skip
 
 
 def module_file(module: str) -> Path:
@@ -41,13 +45,20 @@ def docstrings(tree: ast.AST) -> set[int]:
     return found
 
 
+def names_in(text: str) -> set[str]:
+    """The frameworks' names among `text`'s words, a module path's parts included."""
+    return {word.lower() for word in re.findall(r"[A-Za-z]\w*", text)} & NAMES
+
+
 def framework_names(path: Path) -> list[str]:
-    """Where `path` names a framework: a string that is one's name or module (not inside a
-    longer text), or an import of its module."""
+    """Where `path` names a framework: a string (but a docstring) holding one of its names as a
+    word, in a sentence, a module path ("horovod.torch") or an f-string, or an import of its
+    module."""
     tree = ast.parse(path.read_text())
     skipped, found = docstrings(tree), []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and node.value in NAMES and id(node) not in skipped:
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in skipped and names_in(node.value)):  # fmt: skip
             found.append(f"{path.name}:{node.lineno}: {node.value!r}")
         imported = []
         if isinstance(node, ast.Import):
@@ -68,9 +79,16 @@ def test_only_the_registry_and_each_frameworks_own_modules_name_it():
 
 def test_the_scan_finds_a_framework_named_elsewhere(tmp_path):
     stray = tmp_path / "stray.py"
-    stray.write_text('"""Names torch in its docstring."""\nimport torch\n\nif x == "tensorflow":\n'
-                     "    print(f'under {x}: torch')\n")  # fmt: skip
-    assert framework_names(stray) == ["stray.py:2: import torch", "stray.py:4: 'tensorflow'"]
+    stray.write_text(
+        '"""Names torch in its docstring."""\nimport torch\n\nif x == "tensorflow":\n'
+        "    print(f'under {x}: torch')\n"
+        'modules = ("horovod.torch", "PyTorch 2", "a Keras policy")\n'
+        'fine = ("torchvision", "storch", "tf32")\n'
+    )
+    assert sorted(framework_names(stray)) == [
+        "stray.py:2: import torch", "stray.py:4: 'tensorflow'", "stray.py:5: ': torch'",
+        "stray.py:6: 'PyTorch 2'", "stray.py:6: 'a Keras policy'", "stray.py:6: 'horovod.torch'",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("framework", PARAMETERS)

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.builders import KERAS_POLICIES, keras_models
+from hvd_train.builders import keras_models
 from hvd_train.checkpoint import Arrays
 from hvd_train.data.base import batch_size
 from hvd_train.distributed.backend import (
@@ -63,7 +63,7 @@ class TensorFlowBackend(Backend):
         start_horovod(hvd)
         self.take_place()
         if precision is not None:  # the Keras models built from now on compute in it
-            keras.config.set_dtype_policy(KERAS_POLICIES[precision])
+            keras.config.set_dtype_policy(keras_models.POLICIES[precision])
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
             tf.config.experimental.set_memory_growth(gpus[self.local_rank], True)
