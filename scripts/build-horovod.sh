@@ -10,7 +10,15 @@
 #
 # Parts: Gloo always; PyTorch and TensorFlow where installed (at least one); MPI when mpicxx is
 # on PATH; NCCL when nvcc is.
-# Environment: PYTHON (default: python3), HVD_TRAIN_CACHE (default: ~/.cache/hvd_train).
+# CPU instructions: Horovod's CMake adds -mf16c -mavx -mfma where the build host has them, and
+# such a wheel dies with SIGILL on a CPU without them. The flags are chosen here instead, named
+# in the cache key beside the machine's architecture, and recorded in the wheel
+# (horovod/hvd_train_build.json), which `hvd-train doctor` checks against the CPU it runs on:
+# this host's (Horovod's own choice), HVD_TRAIN_PORTABLE=1's (x86-64-v2: every x86-64 CPU since
+# 2009; the images use it), or HOROVOD_BUILD_ARCH_FLAGS as given.
+# Environment: PYTHON (default: python3), HVD_TRAIN_CACHE (default: ~/.cache/hvd_train),
+# HVD_TRAIN_PORTABLE, HOROVOD_BUILD_ARCH_FLAGS.
+# `build-horovod.sh --key` prints the cache key and exits.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -21,6 +29,23 @@ cache="${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}"
 
 say() { echo "[build-horovod] $*"; }
 die() { echo "[build-horovod] error: $*" >&2; exit 1; }
+
+# The flags Horovod's CMake would add on this host (cmake/Utilities.cmake), or portable ones.
+arch_flags() {
+    if [ -n "${HOROVOD_BUILD_ARCH_FLAGS:-}" ]; then
+        echo "$HOROVOD_BUILD_ARCH_FLAGS"
+    elif [ "${HVD_TRAIN_PORTABLE:-0}" = 1 ]; then
+        if [ "$(uname -m)" = x86_64 ]; then echo "-march=x86-64-v2 -mtune=generic"; else echo "-mtune=generic"; fi
+    else
+        local native found=()
+        native=" $(c++ -march=native -E -v - </dev/null 2>&1 | grep cc1 || true) "
+        for flag in -mf16c -mavx -mfma; do
+            if [[ "$native" == *" $flag "* || "$native" == *" +${flag#-m} "* ]]; then found+=("$flag"); fi
+        done
+        # Never empty: CMake takes an empty value as unset, and chooses again.
+        if [ ${#found[@]} -gt 0 ]; then echo "${found[*]}"; else echo "-mtune=generic"; fi
+    fi
+}
 
 command -v "$python" >/dev/null || die "no Python at '$python'; set PYTHON to the interpreter of your environment"
 command -v c++ >/dev/null || die "no C++ compiler; install one (Debian: apt-get install g++)"
@@ -60,8 +85,13 @@ if command -v nvcc >/dev/null && "$python" -c 'import sys, torch; sys.exit(not t
 fi
 [ -e "${series[0]}" ] || die "no patches in $here/horovod-$HOROVOD_VERSION/"
 patch_hash="$(cat "${series[@]}" | sha256sum | cut -c1-8)"
-key="horovod-$HOROVOD_VERSION-py$py_version-torch${torch_version:-none}-tf${tf_version:-none}-$features-$patch_hash"
+machine="$(uname -m)"
+flags="$(arch_flags)"
+build_env+=("HOROVOD_BUILD_ARCH_FLAGS=$flags")
+flags_key="$(tr ' ' '+' <<< "$flags" | sed 's/-m//g; s/=/_/g')"
+key="horovod-$HOROVOD_VERSION-py$py_version-torch${torch_version:-none}-tf${tf_version:-none}-$features-$machine-$flags_key-$patch_hash"
 wheel_dir="$cache/wheels/$key"
+if [ "${1:-}" = --key ]; then echo "$key"; exit 0; fi
 say "build key: $key"
 
 if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
@@ -84,6 +114,12 @@ if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
     env "${build_env[@]}" MAKEFLAGS="-j$(nproc)" \
         "$python" -m pip wheel --no-build-isolation --no-deps "$src" -w "$work/dist" > "$work/build.log" 2>&1 \
         || { tail -n 40 "$work/build.log" >&2; die "the Horovod build failed (log above)"; }
+    # The wheel records what it was built for, for `hvd-train doctor`.
+    "$python" -m wheel unpack --dest "$work/unpacked" "$work/dist"/horovod-*.whl > /dev/null
+    printf '{"machine": "%s", "flags": "%s"}\n' "$machine" "$flags" \
+        > "$(echo "$work/unpacked"/horovod-*/horovod)/hvd_train_build.json"
+    rm "$work/dist"/horovod-*.whl
+    "$python" -m wheel pack --dest-dir "$work/dist" "$work/unpacked"/horovod-* > /dev/null
     mkdir -p "$(dirname "$wheel_dir")"
     # Copy next to the target, then rename: a cache entry is complete or absent.
     cp -r "$work/dist" "$wheel_dir.partial.$$"

@@ -17,6 +17,7 @@ def test_images_build_horovod_with_the_project_script_and_run_the_cli(name):
     text = (DOCKER / name).read_text()
     build, final = text.split("\nFROM ")[1:]
     assert "PYTHON=python scripts/build-horovod.sh" in build and "libopenmpi-dev" in build
+    assert "HVD_TRAIN_PORTABLE=1 PYTHON=python" in build  # runs on any x86-64 host since 2009
     # The image that runs: no compiler, what horovodrun needs, the environment built before.
     assert "g++" not in final and "openmpi-bin" in final and "openssh-server" in final
     assert "COPY --from=build /opt/venv /opt/venv" in final

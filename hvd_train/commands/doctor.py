@@ -7,6 +7,7 @@ frameworks in this process (versions come from package metadata, Horovod's build
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -19,12 +20,13 @@ from importlib import metadata
 from pathlib import Path
 
 from hvd_train.data.mnist import FILES, cache_dir, given_data_dir, verified_idx
-from hvd_train.distributed.frameworks import FRAMEWORKS
+from hvd_train.distributed.frameworks import FRAMEWORKS, OWN_MODELS
 from hvd_train.errors import UsageError
 from hvd_train.version import __version__
 
 FRAMEWORK_PACKAGES = tuple(p for framework in FRAMEWORKS.values() for p in framework.packages)
-PACKAGES = ("hvd_train", "horovod", *FRAMEWORK_PACKAGES, "keras")
+# The frameworks' packages, and the model libraries a recipe's own models come from.
+PACKAGES = tuple(dict.fromkeys(("hvd_train", "horovod", *FRAMEWORK_PACKAGES, *OWN_MODELS)))
 LOCAL_NAMES = {"localhost", "127.0.0.1", platform.node()}
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=no"]
 
@@ -85,9 +87,10 @@ def horovod_checks() -> list[Check]:
     def parts(names: tuple[str, ...]) -> str:
         return ", ".join(name for name in names if built.get(name)) or "none"
 
-    frameworks_ok = built.get("PyTorch", False) and built.get("TensorFlow", False)
+    frameworks = tuple(framework.display for framework in FRAMEWORKS.values())
+    frameworks_ok = all(built.get(name, False) for name in frameworks)
     return [
-        Check("horovod frameworks", frameworks_ok, parts(("PyTorch", "TensorFlow")), fix),
+        Check("horovod frameworks", frameworks_ok, parts(frameworks), fix),
         Check(
             "horovod controllers",
             built.get("Gloo", False),
@@ -95,7 +98,62 @@ def horovod_checks() -> list[Check]:
             fix + "; for MPI install openmpi-bin and libopenmpi-dev first",
         ),
         Check("horovod tensor operations", bool(built), parts(("NCCL", "MPI", "Gloo")), fix),
+        build_check(build_record(), cpu_features(Path("/proc/cpuinfo"))),
     ]
+
+
+# What a build's flags ask of the CPU, as /proc/cpuinfo names it (gcc's x86-64 levels).
+X86_64_V2 = ("ssse3", "sse4_1", "sse4_2", "popcnt")
+CPU_FEATURES = {
+    "-mf16c": ("f16c",), "-mavx": ("avx",), "-mfma": ("fma",), "-mavx2": ("avx2",),
+    "-march=x86-64-v2": X86_64_V2,
+    "-march=x86-64-v3": (*X86_64_V2, "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe"),
+}  # fmt: skip
+
+
+def build_check(built: dict[str, str] | None, have: set[str] | None) -> Check:
+    """Whether this CPU runs the Horovod build: the machine and flags `built` for (what
+    scripts/build-horovod.sh recorded in the wheel) against the CPU's features `have`. A wheel
+    from a cache or an image made on another host may need instructions this one lacks."""
+    fix = "rebuild Horovod here: scripts/build-horovod.sh (HVD_TRAIN_PORTABLE=1: a wheel that "
+    fix += "every x86-64 CPU since 2009 runs)"
+    if built is None:
+        return Check("horovod build", True, "CPU flags unknown (not built by build-horovod.sh)")
+    flags, machine = built["flags"], platform.machine()
+    if built["machine"] != machine:
+        return Check("horovod build", False, f"built for {built['machine']}, not {machine}", fix)
+    if have is None:
+        return Check("horovod build", True, f"built with {flags}; the CPU's features are unknown")
+    needed = [feature for flag in flags.split() for feature in CPU_FEATURES.get(flag, ())]
+    lacking = ", ".join(dict.fromkeys(f for f in needed if f not in have))
+    if lacking:
+        problem = f"built with {flags}, and this CPU lacks {lacking}: it would stop with SIGILL"
+        return Check("horovod build", False, problem, fix)
+    return Check("horovod build", True, f"built with {flags}, which this CPU runs")
+
+
+RECORD = "hvd_train_build.json"  # written into the wheel by scripts/build-horovod.sh
+
+
+def build_record() -> dict[str, str] | None:
+    """What the installed Horovod was built for, where build-horovod.sh built it (found
+    without importing it)."""
+    spec = importlib.util.find_spec("horovod")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    record = Path(folders[0]) / RECORD if folders else None
+    return json.loads(record.read_text()) if record is not None and record.is_file() else None
+
+
+def cpu_features(cpuinfo: Path) -> set[str] | None:
+    """The CPU's feature flags as Linux lists them, or None where it does not."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return None
 
 
 def data_check(data_dir: Path | None) -> Check:

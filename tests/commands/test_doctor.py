@@ -1,11 +1,14 @@
 """`hvd-train doctor`, run as a user runs it, and its data check on its own."""
 
+import os
+import platform
 import subprocess
 import sys
 
 import pytest
 
-from hvd_train.commands.doctor import data_check
+from hvd_train.commands.doctor import build_check, cpu_features, data_check
+from tests.conftest import REPO
 
 
 def doctor(*arguments: str) -> subprocess.CompletedProcess:
@@ -20,6 +23,7 @@ def test_a_ready_machine_passes_every_check(mnist_dir):
     lines = result.stdout.splitlines()
     assert "[ok] horovod frameworks: PyTorch, TensorFlow" in lines
     assert any(line.startswith("[ok] horovod controllers: Gloo") for line in lines)
+    assert any(line.startswith("[ok] horovod build: built with ") for line in lines), lines
     assert f"[ok] data: MNIST in {mnist_dir}, checksums match" in lines
     assert "[ok] localhost: ssh: this machine (horovodrun runs it directly)" in lines
     assert lines[-1] == "all checks passed"
@@ -51,3 +55,40 @@ def test_an_empty_cache_is_what_will_happen_not_a_failure(tmp_path, monkeypatch)
     check = data_check(None)
     assert not check.ok
     assert check.line().startswith(f"[FAIL] data: {tmp_path}/file/cache/mnist cannot be written")
+
+
+def test_a_horovod_built_for_instructions_this_cpu_lacks_fails_naming_them(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 ssse3 sse4_1 sse4_2 popcnt avx\n")
+    old_cpu = cpu_features(cpuinfo)
+    native = {"machine": platform.machine(), "flags": "-mf16c -mavx -mfma"}
+    check = build_check(native, old_cpu)
+    assert not check.ok
+    assert check.line().startswith(
+        "[FAIL] horovod build: built with -mf16c -mavx -mfma, and this CPU lacks f16c, fma: it "
+        "would stop with SIGILL\n       fix: rebuild Horovod here: scripts/build-horovod.sh"
+    )
+    portable = {"machine": platform.machine(), "flags": "-march=x86-64-v2 -mtune=generic"}
+    assert build_check(portable, old_cpu).ok
+    assert not build_check(portable, {"sse2"}).ok
+    assert not build_check(native | {"machine": "riscv64"}, old_cpu).ok
+    assert build_check(None, old_cpu).ok  # a Horovod built elsewhere: unknown, said as such
+
+
+@pytest.mark.slow  # imports both frameworks thrice, for their versions
+def test_the_wheel_cache_key_names_the_machine_and_the_cpu_flags():
+    script = REPO / "scripts/build-horovod.sh"
+    chosen = ("HOROVOD_BUILD_ARCH_FLAGS", "HVD_TRAIN_PORTABLE")
+
+    def key(**env: str) -> str:
+        environment = {k: v for k, v in os.environ.items() if k not in chosen}
+        environment |= {"PYTHON": sys.executable, **env}
+        result = subprocess.run(["bash", str(script), "--key"], env=environment,
+                                capture_output=True, text=True, check=True)  # fmt: skip
+        return result.stdout.strip()
+
+    native, portable = key(), key(HVD_TRAIN_PORTABLE="1")
+    assert f"-{platform.machine()}-" in native and native != portable
+    if platform.machine() == "x86_64":
+        assert "-x86_64-arch_x86-64-v2+tune_generic-" in portable
+    assert "-avx2+fma-" in key(HOROVOD_BUILD_ARCH_FLAGS="-mavx2 -mfma")
