@@ -41,6 +41,19 @@ def precision(precision: str) -> Iterator[None]:
         keras.config.set_dtype_policy(before)
 
 
+def input_names(model: keras.Model) -> tuple[str, ...] | None:
+    """The names a functional model takes its inputs by (its dict's keys, or its `Input`s'
+    names), none for a Sequential (one unnamed input), or None where it does not say (a
+    subclassed model)."""
+    if isinstance(model, keras.Sequential):
+        return ()
+    structure = getattr(model, "_inputs_struct", None)
+    if isinstance(structure, dict):
+        return tuple(structure)
+    inputs = getattr(model, "inputs", None) if structure is not None else None
+    return tuple(tensor.name for tensor in inputs) if inputs else None
+
+
 def seed(seed: int) -> None:
     keras.utils.set_random_seed(seed)
 

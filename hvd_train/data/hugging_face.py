@@ -5,7 +5,9 @@ Face's NumPy format, which decodes images and lists.
 
 The `label` column gives the labels; the other columns are the inputs. One column of a fixed
 shape is the model's input; otherwise the model takes them by name, a variable-length list
-column being a sequence input (padded per batch, with its mask). An `Image` column's pixels
+column being a sequence input (padded per batch, with its mask). A list column whose rows all
+have one shape (what `Dataset.from_dict` makes of arrays) is of a fixed shape, as `datasets`'
+NumPy format stacks it. An `Image` column's pixels
 become float32 in [0, 1], (height, width, channels). Shape a dataset to this with its own
 methods: `rename_column`, `select_columns`, `cast_column`, `map`.
 
@@ -56,7 +58,8 @@ def hugging_face(part: Any, what: str) -> HubDataset:
     if not inputs:
         raise UsageError(f"{what} part has only a {LABEL!r} column; give it an input column")
     images = frozenset(name for name in inputs if isinstance(features[name], datasets.Image))
-    sequences = frozenset(name for name in inputs if _variable_length(features[name]))
+    lists = [name for name in inputs if _variable_length(features[name])]
+    sequences = frozenset(name for name in lists if not _one_shape(part, name))
     return HubDataset(part.with_format("numpy"), inputs, images, sequences, what)
 
 
@@ -69,6 +72,27 @@ def _variable_length(feature: Any) -> bool:
     return isinstance(feature, list) or (
         isinstance(feature, kinds) and getattr(feature, "length", -1) == -1
     )
+
+
+def _one_shape(part: Any, name: str) -> bool:
+    """Whether every row of the list column `name` has one shape, at every depth: read from
+    the Arrow lists' lengths, chunk by chunk (nothing copied whole)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    shapes = set()
+    for chunk in part.data.column(name).chunks:
+        shape, values = [], chunk
+        while isinstance(values, pa.ListArray | pa.LargeListArray | pa.FixedSizeListArray):
+            if values.null_count:
+                return False
+            lengths = pc.min_max(pc.list_value_length(values))
+            if lengths["min"].as_py() != lengths["max"].as_py():
+                return False
+            shape.append(lengths["min"].as_py())
+            values = values.flatten()
+        shapes.add(tuple(shape))
+    return len(shapes) <= 1
 
 
 @dataclass(frozen=True)

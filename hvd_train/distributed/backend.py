@@ -185,6 +185,10 @@ class Backend(ABC):
     def scale_learning_rate(self, factor: float) -> None:
         """Multiplies the optimizer's learning rates (each group's) by `factor`."""
 
+    def input_names(self) -> tuple[str, ...] | None:
+        """The names the model takes its inputs by, or None where it takes any."""
+        return None
+
     def take_place(self) -> None:
         """This process's rank, local rank, world size and local size, as Horovod says them
         (after it started, and anew after an elastic reset)."""

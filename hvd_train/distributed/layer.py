@@ -463,6 +463,12 @@ class Distributed:
         self._needs_setup("eval_batch")
         return self.backend.eval_batch(x, y)
 
+    def input_names(self) -> tuple[str, ...] | None:
+        """The names the model takes named inputs by (a torch module's `forward` parameters, a
+        Keras model's inputs), or None where it takes any."""
+        self._needs_setup("input_names")
+        return self.backend.input_names()
+
     def sync_buffers(self) -> None:
         """Gives every rank rank 0's running statistics (batchnorm's), before evaluating."""
         self.backend.sync_buffers()

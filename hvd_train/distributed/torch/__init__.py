@@ -222,6 +222,9 @@ class TorchBackend(Backend):
         flat = torch.zeros_like(self.exchange.flat, dtype=self.exchange.travel)
         return lambda: hvd.allreduce_(flat, op=hvd.Average, name="hvd_train.bench")
 
+    def input_names(self) -> tuple[str, ...] | None:
+        return self.net.input_names()
+
     @torch.no_grad()
     def eval_batch(self, x: Any, y: Any = None) -> tuple[float, np.ndarray]:
         outputs = self.net.forward(self._inputs(x), training=False)

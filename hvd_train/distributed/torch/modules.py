@@ -5,6 +5,7 @@ which makes a module compute under `torch.autocast`."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -44,6 +45,8 @@ class Net(Protocol):
 
     def forward(self, x: Inputs, training: bool) -> torch.Tensor: ...
 
+    def input_names(self) -> tuple[str, ...] | None: ...
+
     def reseed(self, seed: int) -> None: ...
 
     def trainable(self) -> list[tuple[str, torch.Tensor]]: ...
@@ -81,6 +84,14 @@ class TorchModule:
         else:
             output = self.module(x.permute(0, 3, 1, 2) if x.dim() == 4 else x)
         return output.float()
+
+    def input_names(self) -> tuple[str, ...] | None:
+        """`forward`'s parameters by name (None with a **kwargs)."""
+        parameters = inspect.signature(self.module.forward).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return None
+        return tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                                              p.KEYWORD_ONLY))  # fmt: skip
 
     def reseed(self, seed: int) -> None:
         seed_dropout(seed)
@@ -129,6 +140,9 @@ class KerasOnTorch:
     def forward(self, x: Inputs, training: bool) -> torch.Tensor:
         output: torch.Tensor = self.module(x, training=training)  # named inputs: a dict
         return output.float()
+
+    def input_names(self) -> tuple[str, ...] | None:
+        return self.keras_models.input_names(self.module)
 
     def reseed(self, seed: int) -> None:
         seed_dropout(seed)
