@@ -71,8 +71,9 @@ def report(error: BaseException) -> None:
 
 
 def horovod_started() -> bool:
-    """Whether this process initialised a Horovod binding (imported only by a backend)."""
-    from hvd_train.distributed.frameworks import FRAMEWORKS  # which imports this module
-
-    bindings = [sys.modules.get(framework.binding) for framework in FRAMEWORKS.values()]
-    return any(binding is not None and binding.is_initialized() for binding in bindings)
+    """Whether this process initialised a Horovod binding (imported only by a backend): a
+    module `horovod.<framework>`, which tells `is_initialized()`."""
+    bindings = [module for name, module in list(sys.modules.items())
+                if name.startswith("horovod.") and name.count(".") == 1]  # fmt: skip
+    started = [getattr(binding, "is_initialized", None) for binding in bindings]
+    return any(callable(is_started) and is_started() for is_started in started)
