@@ -9,7 +9,7 @@ import pytest
 
 from hvd_train.commands.bench import RankTimes, projected_efficiency, report
 from tests.conftest import FRAMEWORKS
-from tests.multiprocess.conftest import alone, horovodrun
+from tests.multiprocess.conftest import HERE, alone, horovodrun
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 BENCH = ["-m", "hvd_train", "bench", "--synthetic", "--steps", "8", "--warmup", "2", "--json"]
@@ -90,3 +90,12 @@ def test_bench_alone_has_nothing_to_exchange(framework):
     refused = subprocess.run(projecting, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2
     assert "--links projects from a measured exchange" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_the_wait_for_data_is_the_sources_own():
+    # slow_source.py's source waits 10 ms on every read; with no workers, the step waits it out.
+    recipe = str(HERE / "slow_source.py")
+    output = horovodrun(*BENCH[:3], "--recipe", recipe, "--framework", "torch", "--steps", "8",
+                        "--warmup", "2", "--json", "--set", "data.workers=0").stdout  # fmt: skip
+    [bench] = figures(output)
+    assert 10 <= bench["t_data_ms"] < bench["step_ms"], bench
