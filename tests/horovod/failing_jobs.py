@@ -2,7 +2,7 @@
 to its ranks (`python failing_jobs.py run CASE`, which prints what the caller got), and processes
 that horovodrun starts (`python failing_jobs.py CASE`).
 
-usage: failing_jobs.py run first-failure|two-arguments|elastic|grace-time
+usage: failing_jobs.py run first-failure|two-arguments|elastic|grace-time|clocks|tensorflow
        failing_jobs.py hang|oom (under horovodrun -np 2)
 """
 
@@ -59,6 +59,31 @@ def elastic_second_rank_fails() -> None:
     train(hvd.elastic.TorchState(step=0))
 
 
+def ranks_raise_in_turn_on_clocks_apart() -> None:
+    """Rank 1 raises at once, on a clock 1,000 s ahead (another host's, set wrong); rank 0 a
+    second later: rank 1's is the first."""
+    if rank() == 1:
+        ahead = time.time() + 1000
+        time.time = lambda: ahead
+        raise ValueError("rank 1 raised first")
+    time.sleep(1)
+    raise RuntimeError("rank 0 raised second")
+
+
+def tensorflow_second_rank_fails_after_shutting_down() -> None:
+    """Rank 1 shuts Horovod down, then raises two seconds later; rank 0, waiting in an
+    allreduce, meets TensorFlow's error of the shut-down first: rank 1's is the cause."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    if hvd.rank() == 1:
+        hvd.shutdown()
+        time.sleep(2)
+        raise ValueError("rank 1 found a mistake under TensorFlow")
+    hvd.allreduce(tf.ones(1), name="waits.for.rank.1")
+
+
 def run(case: str) -> None:
     """Calls horovod.run for `case` and prints, in one line each, the exception that reached
     the caller (`raised TYPE: MESSAGE`), its notes and the attributes a JobFailed carries (as
@@ -76,6 +101,8 @@ def run(case: str) -> None:
         "two-arguments": second_rank_raises_two_arguments,
         "elastic": elastic_second_rank_fails,
         "grace-time": second_rank_raises_two_arguments,
+        "clocks": ranks_raise_in_turn_on_clocks_apart,
+        "tensorflow": tensorflow_second_rank_fails_after_shutting_down,
     }[case]
     started = time.monotonic()
     try:

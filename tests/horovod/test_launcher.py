@@ -100,3 +100,61 @@ def test_a_rank_killed_by_sigkill_is_named_as_such():
         r"horovodrun: rank 1 was killed by SIGKILL \(out of memory\?\); the job was stopped",
         result.stderr.splitlines()[-1],
     ), result.stderr
+
+
+def test_the_first_exception_is_first_by_the_launchers_clock():
+    # Rank 1 raises first on a clock 1,000 s ahead; rank 0 raises a second later.
+    seen = caller("clocks")
+    assert seen["raised"] == "ValueError: rank 1 raised first", seen["output"]
+
+
+@pytest.mark.tensorflow
+def test_a_peers_shut_down_error_under_tensorflow_ranks_after_the_cause():
+    # Rank 1 shuts Horovod down and raises 2 s later; rank 0's allreduce fails first, with
+    # TensorFlow's own error of Horovod's shut-down.
+    seen = caller("tensorflow")
+    assert seen["raised"] == "ValueError: rank 1 found a mistake under TensorFlow", seen["output"]
+
+
+@pytest.fixture
+def store():
+    """Horovod's key-value store, as horovod.run's launcher serves it to the ranks."""
+    from horovod.runner.http.http_server import KVStoreServer
+
+    server = KVStoreServer(verbose=0)
+    port = server.start_server()
+    yield "127.0.0.1", port
+    server.shutdown_server()
+
+
+def test_under_elastic_the_worker_that_died_is_named_not_one_that_raised(store, monkeypatch):
+    # Elastic launches name processes host[slot]: hostA[0] raised what a waiting rank sees,
+    # hostB[0] was killed without raising.
+    from horovod.common.exceptions import HorovodInternalError, JobFailed
+    from horovod.runner.run_task import put_function_error, raise_function_error
+
+    monkeypatch.setenv("HOROVOD_HOSTNAME", "hostA")
+    monkeypatch.setenv("HOROVOD_LOCAL_RANK", "0")
+    try:
+        raise HorovodInternalError("the allreduce failed")
+    except HorovodInternalError as error:
+        put_function_error(*store, 0, error)
+    exits = [("hostA[0]", 1), ("hostB[0]", -9)]
+    with pytest.raises(JobFailed) as raised:
+        raise_function_error(*store, range(2), JobFailed("", 1, rank="hostA[0]", exits=exits))
+    assert str(raised.value) == "process hostB[0] exited with code -9 without raising an exception"
+    assert raised.value.summary() == "process hostB[0] was killed by SIGKILL (out of memory?)"
+
+
+def test_the_elastic_drivers_reason_to_stop_leads_the_message():
+    from horovod.common.exceptions import JobFailed
+    from horovod.runner.elastic.constants import RESET_LIMIT_EXCEEDED_MESSAGE
+    from horovod.runner.gloo_run import _raise_first_failure
+
+    reason = RESET_LIMIT_EXCEEDED_MESSAGE.format(0)
+    # The worker the driver stopped exited non-zero after the failure that made it stop.
+    with pytest.raises(JobFailed) as raised:
+        _raise_first_failure({"hostA[0]": (143, 2.0)}, reason)
+    stopped = "the first process to exit non-zero was hostA[0], with code 143"
+    assert str(raised.value) == f"{reason}; {stopped}"
+    assert raised.value.driver_message == reason
