@@ -59,7 +59,8 @@ def test_an_empty_cache_is_what_will_happen_not_a_failure(tmp_path, monkeypatch)
 
 def test_a_horovod_built_for_instructions_this_cpu_lacks_fails_naming_them(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 ssse3 sse4_1 sse4_2 popcnt avx\n")
+    flags = "fpu sse2 pni ssse3 sse4_1 sse4_2 popcnt cx16 lahf_lm avx"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
     old_cpu = cpu_features(cpuinfo)
     native = {"machine": platform.machine(), "flags": "-mf16c -mavx -mfma"}
     check = build_check(native, old_cpu)
@@ -73,6 +74,8 @@ def test_a_horovod_built_for_instructions_this_cpu_lacks_fails_naming_them(tmp_p
     assert not build_check(portable, {"sse2"}).ok
     assert not build_check(native | {"machine": "riscv64"}, old_cpu).ok
     assert build_check(None, old_cpu).ok  # a Horovod built elsewhere: unknown, said as such
+    native_here = {"machine": platform.machine(), "flags": "-march=native"}
+    assert build_check(native_here, old_cpu).detail.endswith("-march=native not checked")
 
 
 @pytest.mark.slow  # imports both frameworks thrice, for their versions
