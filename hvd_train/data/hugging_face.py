@@ -7,9 +7,9 @@ The `label` column gives the labels; the other columns are the inputs. One colum
 shape is the model's input; otherwise the model takes them by name, a variable-length list
 column being a sequence input (padded per batch, with its mask). A list column whose rows all
 have one shape (what `Dataset.from_dict` makes of arrays) is of a fixed shape, as `datasets`'
-NumPy format stacks it. An `Image` column's pixels
-become float32 in [0, 1], (height, width, channels). Shape a dataset to this with its own
-methods: `rename_column`, `select_columns`, `cast_column`, `map`.
+NumPy format stacks it. An `Image` column's pixels become float32 in [0, 1], (height, width,
+channels). Shape a dataset to this with its own methods: `rename_column`, `select_columns`,
+`cast_column`, `map`.
 
 `datasets` is not a dependency of hvd_train: a recipe that hands one over has it installed.
 """
