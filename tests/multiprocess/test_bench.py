@@ -84,8 +84,9 @@ def test_bench_under_horovodrun_times_the_exchange_on_rank_zero_only(framework):
 def test_bench_alone_has_nothing_to_exchange(framework):
     bench = json.loads(alone(*BENCH, "--framework", framework).stdout.splitlines()[-1])
     assert bench["world_size"] == 1 and bench["global_batch"] == 64
-    # No exchange to wait for: microseconds, against milliseconds under horovodrun.
-    assert bench["t_sync_ms"] < 0.5 and bench["t_comp_ms"] > 0
+    # No exchange to wait for: what is left is timing noise, a sliver of the passes' time (under
+    # horovodrun the exchange takes milliseconds).
+    assert 0 <= bench["t_sync_ms"] < 0.05 * bench["t_comp_ms"]
     projecting = [sys.executable, *BENCH, "--framework", framework, "--links", "1"]
     refused = subprocess.run(projecting, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2
