@@ -9,6 +9,7 @@ data reading, checkpoints and exact resume. `recipe` names the model and the dat
 """
 
 import argparse
+from itertools import islice
 from pathlib import Path
 
 import keras
@@ -40,7 +41,7 @@ recipe = Recipe(data=Data("mnist"), keras_model=mnist_model, loss=loss, metrics=
 
 
 def main(epochs=2, output_dir="runs/own-loop-tensorflow", resume=False, batch_size=128,
-         seed=42, data_dir=None):  # fmt: skip
+         seed=42, data_dir=None, limit_steps=None):  # fmt: skip
     dist = Distributed("tensorflow")
     keras.utils.set_random_seed(seed)
     model, optimizer = dist.setup(mnist_model(), keras.optimizers.Adam(0.001),
@@ -65,7 +66,7 @@ def main(epochs=2, output_dir="runs/own-loop-tensorflow", resume=False, batch_si
         first = saved["epoch"]
     for epoch in range(first, epochs):
         train.set_epoch(epoch)
-        for index, (images, labels) in enumerate(train):
+        for index, (images, labels) in enumerate(islice(train, limit_steps)):
             loss_value = training_step(images, labels)
             if index % 100 == 0:
                 dist.print(f"epoch {epoch + 1}: step {index}/{len(train)}, loss {loss_value:.4f}")
@@ -84,6 +85,7 @@ if __name__ == "__main__":
     parser.add_argument("--output-dir", default="runs/own-loop-tensorflow")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     parser.add_argument("--data-dir", help="the four MNIST files (default: the cache)")
+    parser.add_argument("--limit-steps", type=int, help="batches per epoch (default: all)")
     parser.add_argument("--np", type=int, help="start this many ranks here with hvd_train.launch")
     options = vars(parser.parse_args())
     ranks = options.pop("np")

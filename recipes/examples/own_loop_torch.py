@@ -10,6 +10,7 @@ widths (10, 20, 50) and momentum (0.5) reach about 98% after two epochs at best.
 """
 
 import argparse
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -55,7 +56,8 @@ def test(dist, model, batches):
 
 
 def main(epochs=2, output_dir="runs/own-loop-torch", resume=False, batch_size=64, lr=0.01,
-         momentum=0.9, seed=42, fp16_allreduce=False, log_interval=100, data_dir=None):  # fmt: skip
+         momentum=0.9, seed=42, fp16_allreduce=False, log_interval=100, data_dir=None,
+         limit_steps=None):  # fmt: skip
     dist = Distributed("torch")
     torch.manual_seed(seed)
     model = Net()
@@ -74,7 +76,7 @@ def main(epochs=2, output_dir="runs/own-loop-torch", resume=False, batch_size=64
     for epoch in range(first, epochs):
         model.train()
         train.set_epoch(epoch)
-        for index, (data, target) in enumerate(train):
+        for index, (data, target) in enumerate(islice(train, limit_steps)):
             optimizer.zero_grad()
             loss = F.nll_loss(model(data), target)
             dist.backward(loss)
@@ -99,6 +101,7 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--fp16-allreduce", action="store_true")
     parser.add_argument("--data-dir", help="the four MNIST files (default: the cache)")
+    parser.add_argument("--limit-steps", type=int, help="batches per epoch (default: all)")
     parser.add_argument("--np", type=int, help="start this many ranks here with hvd_train.launch")
     options = vars(parser.parse_args())
     ranks = options.pop("np")

@@ -1,5 +1,6 @@
 """The own-loop layer under the real `horovodrun -np 2` and `hvd_train.launch`: the ports of
-Horovod's own MNIST examples (recipes/examples/own_loop_*.py) learn, write checkpoints that
+Horovod's own MNIST examples (recipes/examples/own_loop_*.py) learn (in whole epochs, as the
+README runs them, in tests/test_readme.py), write checkpoints that
 `hvd-train eval` scores and `export` writes, and, killed and resumed, end with the weights of
 the run that was not;
 and each mistake with the layer is one line and exit code 2, with nothing written half."""
@@ -34,11 +35,12 @@ EXPORTS = {"torch": "torch", "tensorflow": "keras"}
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_the_port_learns_scores_and_resumes_to_the_same_weights(framework, mnist_dir, tmp_path):
     example = str(EXAMPLES / f"own_loop_{framework}.py")
-    arguments = [example, "--epochs", "2", "--data-dir", str(mnist_dir)]
+    # 100 steps an epoch: tests/test_readme.py runs the ports' whole epochs, to 98.5%.
+    arguments = [example, "--epochs", "2", "--limit-steps", "100", "--data-dir", str(mnist_dir)]
     straight = tmp_path / "straight"
     output = horovodrun(*arguments, "--output-dir", str(straight)).stdout
     accuracy = float(re.findall(r"\[0\]<stdout>:epoch 2: test .*accuracy ([\d.]+)%", output)[-1])
-    assert accuracy >= 98.5, output
+    assert accuracy >= 94, output
     scored = evaluation(straight, "--framework", framework, "--data-dir", str(mnist_dir))
     assert scored["test_accuracy"] == pytest.approx(accuracy / 100, abs=5e-5)
     exported = hvd_train("export", str(straight), "--format", EXPORTS[framework], "--data-dir",
