@@ -5,9 +5,12 @@ README runs them, in tests/test_readme.py), write checkpoints that
 the run that was not;
 and each mistake with the layer is one line and exit code 2, with nothing written half."""
 
+import functools
 import re
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,18 +99,32 @@ STEPPING = {
 TOLERANCE = {"bf16": 2e-2, "fp16-mixed": 2e-2}
 
 
+@pytest.fixture(scope="session")
+def stepped(tmp_path_factory) -> Callable[[str], Path]:
+    """Every variant of a framework at two ranks in one job, and their references in one
+    process: once per framework per session."""
+
+    @functools.cache
+    def run(framework: str) -> Path:
+        out = tmp_path_factory.mktemp(f"steps-{framework}")
+        arguments = (script("own_loop_steps.py"), framework, str(out), *STEPPING[framework])
+        horovodrun(*arguments)
+        alone(*arguments)
+        return out
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("framework", "variant"), [(f, v) for f in ("torch", "tensorflow") for v in STEPPING[f]]
 )
-def test_two_ranks_step_as_one_process_on_both_halves(framework, variant, tmp_path):
+def test_two_ranks_step_as_one_process_on_both_halves(framework, variant, stepped):
     """The loop's own steps through the layer (the optimizer's step, accumulation, buckets while
     the pass goes on, compression, mixed precision, a scheduler made before setup, model.fit)
     at two ranks against one process taking both ranks' batches; the replicas alike."""
-    arguments = (script("own_loop_steps.py"), framework, variant, str(tmp_path))
-    horovodrun(*arguments)
-    alone(*arguments)
-    two, one = (np.load(tmp_path / f"{variant}-{world}.npz") for world in (2, 1))
+    out = stepped(framework)
+    two, one = (np.load(out / f"{variant}-{world}.npz") for world in (2, 1))
     assert sorted(two) == sorted(one)
     tolerance = TOLERANCE.get(variant, 1e-5)
     for name in one:

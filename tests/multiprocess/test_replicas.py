@@ -1,7 +1,9 @@
 """Under the real `horovodrun -np 2`: rank 0's weights reach every rank, and training on
 different data per rank keeps the replicas identical because gradients are averaged."""
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -49,15 +51,12 @@ def with_options(tmp_path: Path) -> str:
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("options", [False, True], ids=["defaults", "all-options"])
-def test_broadcast_then_steps_on_different_data_keep_replicas_identical(
-    framework, options, mnist_dir, tmp_path
-):
-    recipe = with_options(tmp_path) if options else "mnist_cnn"
-    horovodrun(script("worker.py"), framework, recipe, str(mnist_dir), str(tmp_path), "6")
-    init = [load(tmp_path / f"init-2-{rank}.npz") for rank in range(2)]
-    broadcast = [load(tmp_path / f"broadcast-2-{rank}.npz") for rank in range(2)]
-    trained = [load(tmp_path / f"trained-2-{rank}.npz") for rank in range(2)]
-    optimizer = [load(tmp_path / f"optimizer-2-{rank}.npz") for rank in range(2)]
+def test_broadcast_then_steps_on_different_data_keep_replicas_identical(framework, options, cases):
+    out = cases(framework) / ("all-options" if options else "defaults")
+    init = [load(out / f"init-2-{rank}.npz") for rank in range(2)]
+    broadcast = [load(out / f"broadcast-2-{rank}.npz") for rank in range(2)]
+    trained = [load(out / f"trained-2-{rank}.npz") for rank in range(2)]
+    optimizer = [load(out / f"optimizer-2-{rank}.npz") for rank in range(2)]
     assert differ(init[0], init[1]), "ranks should start from different weights"
     assert_same(broadcast[0], init[0])
     assert_same(broadcast[1], init[0])
@@ -83,31 +82,54 @@ STEP_VARIANTS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize("variant", STEP_VARIANTS)
-def test_two_ranks_take_the_step_one_process_takes_on_both_batches(
-    framework, variant, mnist_dir, tmp_path
-):
-    changes, tolerance = STEP_VARIANTS[variant]
+def step_variant(variant: str, folder: Path) -> Path:
     text = MNIST_CNN.read_text().replace('name = "adam"', 'name = "sgd"')
     text = text.replace("rate = 0.5", "rate = 0.0").replace("batch_size = 64", "batch_size = 32")
-    for old, new in changes.items():
+    for old, new in STEP_VARIANTS[variant][0].items():
         assert old in text
         text = text.replace(old, new)
-    recipe = tmp_path / "sgd.toml"
+    recipe = folder / f"{variant}.toml"
     recipe.write_text(text)
-    arguments = [script("worker.py"), framework, str(recipe), str(mnist_dir), str(tmp_path), "2"]
-    horovodrun(*arguments)
-    # The reference: all 64 images in one batch, one pass, no compression.
-    alone(*arguments, "backward_passes_per_step=1", 'compression="none"')
-    start = load(tmp_path / "broadcast-1-0.npz")
-    assert_same(load(tmp_path / "broadcast-2-0.npz"), start)
-    reference = load(tmp_path / "trained-1-0.npz")
+    return recipe
+
+
+@pytest.fixture(scope="session")
+def cases(mnist_dir, tmp_path_factory) -> Callable[[str], Path]:
+    """Every case of this file under one framework in one `horovodrun -np 2` job, and the step
+    variants' one-process references in one process (each case set up on a layer of its own,
+    writing to a folder named after it): once per framework per session."""
+
+    @functools.cache
+    def run(framework: str) -> Path:
+        base = tmp_path_factory.mktemp(f"replicas-{framework}")
+        variants = [f"{step_variant(v, base)}:2:{base / v}" for v in STEP_VARIANTS]
+        two_ranks = [f"mnist_cnn:6:{base / 'defaults'}",
+                     f"{with_options(base)}:6:{base / 'all-options'}",
+                     f"mnist_bn:3:{base / 'batchnorm'}", *variants]  # fmt: skip
+        for case in two_ranks:
+            Path(case.rsplit(":", 1)[1]).mkdir()
+        horovodrun(script("worker.py"), framework, str(mnist_dir), *two_ranks)
+        # The reference: all 64 images in one batch, one pass, no compression.
+        alone(script("worker.py"), framework, str(mnist_dir), *variants,
+              "backward_passes_per_step=1", 'compression="none"')  # fmt: skip
+        return base
+
+    return run
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+def test_two_ranks_take_the_step_one_process_takes_on_both_batches(framework, variant, cases):
+    tolerance = STEP_VARIANTS[variant][1]
+    out = cases(framework) / variant
+    start = load(out / "broadcast-1-0.npz")
+    assert_same(load(out / "broadcast-2-0.npz"), start)
+    reference = load(out / "trained-1-0.npz")
     assert differ(reference, start)
     for rank in range(2):
-        assert_same(load(tmp_path / f"trained-2-{rank}.npz"), reference, atol=tolerance)
+        assert_same(load(out / f"trained-2-{rank}.npz"), reference, atol=tolerance)
     if framework == "torch":  # the first bucket left while the pass went on, the last after it
-        on_the_way = np.load(tmp_path / "on-the-way-2-0.npy")
+        on_the_way = np.load(out / "on-the-way-2-0.npy")
         if variant == "overlap":
             assert list(on_the_way) == [1, 1]
         else:
@@ -115,14 +137,12 @@ def test_two_ranks_take_the_step_one_process_takes_on_both_batches(
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_batchnorm_statistics_stay_local_until_rank_zeros_are_handed_out(
-    framework, mnist_dir, tmp_path
-):
+def test_batchnorm_statistics_stay_local_until_rank_zeros_are_handed_out(framework, cases):
     # As under torch's DDP: each rank's running statistics follow its own batches, and before
     # evaluating every rank takes rank 0's, so all ranks evaluate the same model.
-    horovodrun(script("worker.py"), framework, "mnist_bn", str(mnist_dir), str(tmp_path), "3")
-    trained = [load(tmp_path / f"trained-2-{rank}.npz") for rank in range(2)]
-    synced = [load(tmp_path / f"synced-2-{rank}.npz") for rank in range(2)]
+    out = cases(framework) / "batchnorm"
+    trained = [load(out / f"trained-2-{rank}.npz") for rank in range(2)]
+    synced = [load(out / f"synced-2-{rank}.npz") for rank in range(2)]
     running = [name for name in trained[0] if "moving" in name]
     assert len(running) == 10
     for name in trained[0]:
