@@ -58,7 +58,7 @@ def first_run() -> str:
     summary = run["summary"]
     return "\n".join([
         "```text", *shown, "```", "",
-        f"({day(figures)}, on the machine [Results](#results) names, of "
+        f"({day(figures)}, on the machine [Results](#results) names for "
         "`docs/results/default-run.json`: "
         f"{summary['test_accuracy']:.2%} after {summary['train_seconds']:.1f} s of training, "
         f"{run['wall_seconds']:.0f} s in all.)", "",
