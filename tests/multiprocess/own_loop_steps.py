@@ -90,12 +90,8 @@ def steps(framework: str, variant: str, out: Path) -> None:
 
         if stepping == "fit":  # each rank's half of each step's batch, in one batch of Keras's fit
             model.compile(optimizer=optimizer, loss=cross_entropy)
-            inputs = np.concatenate(
-                [np.concatenate([b[0] for b in halves(s, rank)]) for s in range(STEPS)]
-            )
-            labels = np.concatenate(
-                [np.concatenate([b[1] for b in halves(s, rank)]) for s in range(STEPS)]
-            )
+            passes = [batch for step in range(STEPS) for batch in halves(step, rank)]
+            inputs, labels = (np.concatenate(parts) for parts in zip(*passes, strict=True))
             model.fit(inputs, labels, batch_size=BATCH, shuffle=False, verbose=0)
         for step in range(STEPS if stepping != "fit" else 0):
             batches = halves(step, rank)

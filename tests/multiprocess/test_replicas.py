@@ -106,8 +106,6 @@ def cases(mnist_dir, tmp_path_factory) -> Callable[[str], Path]:
         two_ranks = [f"mnist_cnn:6:{base / 'defaults'}",
                      f"{with_options(base)}:6:{base / 'all-options'}",
                      f"mnist_bn:3:{base / 'batchnorm'}", *variants]  # fmt: skip
-        for case in two_ranks:
-            Path(case.rsplit(":", 1)[1]).mkdir()
         horovodrun(script("worker.py"), framework, str(mnist_dir), *two_ranks)
         # The reference: all 64 images in one batch, one pass, no compression.
         alone(script("worker.py"), framework, str(mnist_dir), *variants,

@@ -25,6 +25,7 @@ from hvd_train.training.run import open_run, start
 
 def case(framework: str, reference: str, data_dir: str, out: Path, steps: int,
          overrides: dict[str, str]) -> None:  # fmt: skip
+    out.mkdir(exist_ok=True)
     layout = load_recipe(reference)  # how two ranks would split the data
     recipe = layout.with_overrides({key: json.loads(value) for key, value in overrides.items()})
     dist = start(framework)
