@@ -60,4 +60,7 @@ if __name__ == "__main__":
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--limit-steps", type=int, help="batches per epoch (default: all)")
     parser.add_argument("--data-dir", help="the four MNIST files (default: the cache)")
-    main(**vars(parser.parse_args()))
+    options = vars(parser.parse_args())
+    if options["limit_steps"] is not None and options["limit_steps"] < 1:
+        parser.error("--limit-steps: give a positive number of batches an epoch")
+    main(**options)

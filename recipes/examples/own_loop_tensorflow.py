@@ -88,5 +88,7 @@ if __name__ == "__main__":
     parser.add_argument("--limit-steps", type=int, help="batches per epoch (default: all)")
     parser.add_argument("--np", type=int, help="start this many ranks here with hvd_train.launch")
     options = vars(parser.parse_args())
+    if options["limit_steps"] is not None and options["limit_steps"] < 1:
+        parser.error("--limit-steps: give a positive number of batches an epoch")
     ranks = options.pop("np")
     launch(main, np=ranks, **options) if ranks else main(**options)
