@@ -161,6 +161,20 @@ def test_tensorflow_takes_a_spare_inter_op_thread_only_where_the_exchange_may_ov
     assert bool(spare) == (buckets > 1 and overrides.get("overlap") is not False)
 
 
+@pytest.mark.slow
+@pytest.mark.tensorflow
+def test_a_later_run_in_the_same_process_trains_on_the_first_runs_threads():
+    # TensorFlow fixes its pools at its first op; hvd_train.train called again, with a recipe
+    # that would size them otherwise, must still train (it once failed in set_inter_op...).
+    probe = ("from hvd_train.api import resolve_recipe\n"
+             "from hvd_train.training.run import open_run\n"
+             "import tensorflow as tf\n"
+             "for name in ('resnet18', 'mnist_cnn'):\n"
+             "    open_run('tensorflow', resolve_recipe(name, 'tensorflow'), seed=0)\n"
+             "print(tf.config.threading.get_inter_op_parallelism_threads())")  # fmt: skip
+    assert probe_output(probe, "HVD_TRAIN_THREADS", "1") == "2"  # resnet18's spare thread
+
+
 WIDE = """
 [data]
 dataset = "synthetic"

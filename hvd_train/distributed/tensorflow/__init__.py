@@ -9,6 +9,7 @@ pays) and the update. Broadcasts act on the `tf.Variable`s under the Keras varia
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -71,14 +72,11 @@ class TensorFlowBackend(Backend):
             self.device = f"/GPU:{self.local_rank}"
         else:
             threads = threads_per_rank(self.local_size)
-            tf.config.threading.set_intra_op_parallelism_threads(threads)
             # Where the exchange may overlap, one op more at a time than cores: a pass's weight
             # gradients (and so their buckets' allreduces) then need not wait behind its whole
             # chain of input gradients, which one thread runs first. Elsewhere it costs the
             # pass a little (docs/history.md, "Overlap and models of real size").
-            tf.config.threading.set_inter_op_parallelism_threads(
-                threads + 1 if may_overlap else threads
-            )
+            use_threads(threads, threads + 1 if may_overlap else threads)
             self.device = "/CPU:0"
 
     def setup(self, model: Any, optimizer: Any, exchange: ExchangeSettings, loss: Loss,
@@ -317,3 +315,19 @@ class TensorFlowBackend(Backend):
                 )
             for index, variable in enumerate(variables):
                 variable.assign(optimizer[f"{index:04d}"])
+
+
+def use_threads(intra_op: int, inter_op: int) -> None:
+    """TensorFlow's thread pools sized for this rank. TensorFlow fixes them when it runs its
+    first op: a later layer in the same process (`hvd_train.train` called again, with another
+    recipe) keeps the pools the first one sized, which changes only its speed."""
+    threading = tf.config.threading
+    for get, put, wanted in (
+        (threading.get_intra_op_parallelism_threads, threading.set_intra_op_parallelism_threads,
+         intra_op),
+        (threading.get_inter_op_parallelism_threads, threading.set_inter_op_parallelism_threads,
+         inter_op),
+    ):  # fmt: skip
+        if get() != wanted:
+            with contextlib.suppress(RuntimeError):  # "cannot be modified after initialization"
+                put(wanted)
