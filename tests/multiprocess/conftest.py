@@ -34,6 +34,17 @@ def horovodrun(
     return result
 
 
+def trainings(*runs: list[str], **options) -> list[str]:
+    """Each list of `hvd-train` arguments trained in turn in one `horovodrun` job (cli_runs.py),
+    the job's start paid once, as `horovodrun(..., **options)` runs it: what each run printed on
+    stdout (every rank's lines)."""
+    arguments = [argument for run in runs for argument in ("+", *run)][1:]
+    output = horovodrun(script("cli_runs.py"), *arguments, **options).stdout
+    printed = re.split(r"^\[0\]<stdout>:cli_runs\.py: run \d+\n", output, flags=re.MULTILINE)
+    assert len(printed) == len(runs) + 1, output
+    return printed[1:]
+
+
 STARTED: list[subprocess.Popen] = []  # jobs the tests started in the background
 
 

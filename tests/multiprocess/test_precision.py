@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import FRAMEWORKS
 from tests.helpers import saved_weights
-from tests.multiprocess.conftest import horovodrun
+from tests.multiprocess.conftest import trainings
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -31,11 +31,14 @@ layers = [
 """
 
 
-def train(output: Path, *arguments: str) -> dict:
-    horovodrun("-m", "hvd_train", "--output-dir", str(output), *arguments)
-    weights = saved_weights(output, 1)
-    assert {str(array.dtype) for array in weights.values()} == {"float32"}
-    return json.loads((output / "summary.json").read_text())
+def trained(*runs: tuple[Path, list[str]]) -> list[dict]:
+    """Each (OUTPUT, ARGUMENTS) trained in turn in one job: their summaries, their checkpoints'
+    weights checked to be fp32."""
+    trainings(*[["--output-dir", str(output), *arguments] for output, arguments in runs])
+    for output, _ in runs:
+        weights = saved_weights(output, 1)
+        assert {str(array.dtype) for array in weights.values()} == {"float32"}
+    return [json.loads((output / "summary.json").read_text()) for output, _ in runs]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -44,12 +47,12 @@ def test_bf16_mixed_keeps_mnist_cnn_within_a_third_of_a_point_of_fp32(
 ):
     # 200 of the epoch's 469 steps: a CPU without AVX512-BF16 (CI's may lack it) computes bf16
     # several times slower than fp32, and the whole epoch took up to five minutes there.
-    accuracy = {}
-    for precision in ("fp32", "bf16-mixed"):
-        arguments = ["--framework", framework, "--epochs", "1", "--limit-steps", "200",
-                     "--data-dir", str(mnist_dir)]  # fmt: skip
-        summary = train(tmp_path / precision, *arguments, "--set", f"precision={precision}")
-        accuracy[precision] = summary["test_accuracy"]
+    arguments = ["--framework", framework, "--epochs", "1", "--limit-steps", "200",
+                 "--data-dir", str(mnist_dir)]  # fmt: skip
+    precisions = ("fp32", "bf16-mixed")
+    summaries = trained(*[(tmp_path / precision, [*arguments, "--set", f"precision={precision}"])
+                          for precision in precisions])  # fmt: skip
+    accuracy = dict(zip(precisions, (s["test_accuracy"] for s in summaries), strict=True))
     print(f"mnist_cnn, 200 steps at np=2 under {framework}: {accuracy}")
     assert accuracy["fp32"] >= 0.97
     assert abs(accuracy["bf16-mixed"] - accuracy["fp32"]) <= 0.003
@@ -58,8 +61,8 @@ def test_bf16_mixed_keeps_mnist_cnn_within_a_third_of_a_point_of_fp32(
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_fp16_mixed_trains_through_its_loss_scaling(framework, tmp_path):
     (tmp_path / "synthetic.toml").write_text(SYNTHETIC)
-    summary = train(tmp_path / "run", "--recipe", str(tmp_path / "synthetic.toml"),
-                    "--framework", framework, "--epochs", "1",
-                    "--set", "precision=fp16-mixed")  # fmt: skip
+    [summary] = trained((tmp_path / "run", ["--recipe", str(tmp_path / "synthetic.toml"),
+                        "--framework", framework, "--epochs", "1",
+                        "--set", "precision=fp16-mixed"]))  # fmt: skip
     # Loss scaling starts at 2^15-2^16: the first steps' gradients overflow fp16, and are skipped.
     assert summary["test_accuracy"] >= 0.95, summary
