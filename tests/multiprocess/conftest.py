@@ -36,13 +36,17 @@ def horovodrun(
 
 def trainings(*runs: list[str], **options) -> list[str]:
     """Each list of `hvd-train` arguments trained in turn in one `horovodrun` job (cli_runs.py),
-    the job's start paid once, as `horovodrun(..., **options)` runs it: what each run printed on
-    stdout (every rank's lines)."""
+    the job's start paid once, as `horovodrun(..., **options)` runs it: what each run printed,
+    its stdout then its stderr (every rank's lines)."""
     arguments = [argument for run in runs for argument in ("+", *run)][1:]
-    output = horovodrun(script("cli_runs.py"), *arguments, **options).stdout
-    printed = re.split(r"^\[0\]<stdout>:cli_runs\.py: run \d+\n", output, flags=re.MULTILINE)
-    assert len(printed) == len(runs) + 1, output
-    return printed[1:]
+    result = horovodrun(script("cli_runs.py"), *arguments, **options)
+    streams = []
+    for name, output in (("stdout", result.stdout), ("stderr", result.stderr)):
+        marker = rf"^\[0\]<{name}>:cli_runs\.py: run \d+\n"
+        printed = re.split(marker, output, flags=re.MULTILINE)
+        assert len(printed) == len(runs) + 1, output
+        streams.append(printed[1:])
+    return [stdout + stderr for stdout, stderr in zip(*streams, strict=True)]
 
 
 STARTED: list[subprocess.Popen] = []  # jobs the tests started in the background

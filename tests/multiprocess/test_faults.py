@@ -2,9 +2,12 @@
 `--resume --output-dir` alone) to exactly the weights of an uninterrupted run, a dead worker
 ends the job instead of hanging it, and ranks that disagree stop at once."""
 
+import functools
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,10 +17,10 @@ from tests.conftest import FRAMEWORKS, REPO
 from tests.helpers import assert_same_weights, saved_weights
 from tests.multiprocess.conftest import (
     HOROVODRUN,
-    horovodrun,
     kill_job,
     rank_children,
     start,
+    trainings,
     wait_for,
 )
 
@@ -40,39 +43,65 @@ RESUMABLE = [
 ]
 
 
+@dataclass
+class Resumed:
+    straight: Path  # the run that was not interrupted
+    killed: Path  # the run killed, its newest checkpoint damaged, and resumed
+    damaged: Path  # that checkpoint
+    printed: str  # what the resumed run printed
+
+
+@pytest.fixture(scope="module")
+def resumed(mnist_dir, tmp_path_factory) -> Callable[[str, str], Resumed]:
+    """resumed(RECIPE, FRAMEWORK): RECIPE trained straight, and killed then resumed. Every
+    recipe of a framework trains straight in one job, and resumes in another."""
+
+    @functools.cache
+    def runs(framework: str) -> dict[str, Resumed]:
+        out = tmp_path_factory.mktemp(f"resumed-{framework}")
+        recipes = [recipe for recipe, own in (p.values for p in RESUMABLE) if own == framework]
+        arguments = {}
+        for recipe in recipes:
+            # Settings away from the defaults: the resumed run must take them from the
+            # checkpoint. The torch example makes its own optimizer (with weight decay): only
+            # clipping is a setting.
+            own = recipe.endswith("mnist_resnet_torch.py")
+            setting = "optimizer.gradient_clip_norm=1.0" if own else "optimizer.weight_decay=0.01"
+            arguments[recipe] = ["--recipe", recipe, "--framework", framework,
+                                 "--data-dir", str(mnist_dir), "--epochs", "2",
+                                 "--limit-steps", str(STEPS), "--checkpoint-every", "5",
+                                 "--seed", "7", "--set", setting]  # fmt: skip
+        cases = {recipe: out / Path(recipe).stem for recipe in recipes}
+        trainings(*[[*arguments[r], "--output-dir", str(cases[r] / "straight")] for r in recipes])
+        damaged = {}
+        for recipe, case in cases.items():
+            killed = case / "killed"
+            job = start(*arguments[recipe], "--output-dir", str(killed))
+            wait_for((killed / "checkpoints" / checkpoint_name(1, 0)).exists, job)
+            kill_job(job)
+            assert not (killed / "summary.json").exists(), "the job finished before it was killed"
+            # Damage the newest checkpoint too: resuming must notice and fall back.
+            damaged[recipe] = checkpoints(killed / "checkpoints")[-1]
+            model = damaged[recipe] / "model.safetensors"
+            model.write_bytes(model.read_bytes()[:1000])
+        # The user types only --resume and the run's folder (and where the data is).
+        data = ["--data-dir", str(mnist_dir)]
+        printed = trainings(*[["--resume", "--output-dir", str(case / "killed"), *data]
+                              for case in cases.values()])  # fmt: skip
+        return {recipe: Resumed(case / "straight", case / "killed", damaged[recipe], text)
+                for (recipe, case), text in zip(cases.items(), printed, strict=True)}  # fmt: skip
+
+    return lambda recipe, framework: runs(framework)[recipe]
+
+
 @pytest.mark.parametrize(("recipe", "framework"), RESUMABLE, ids=lambda p: Path(p).stem)
-def test_killed_and_resumed_run_matches_the_uninterrupted_one(
-    recipe, framework, mnist_dir, tmp_path
-):
-    # Settings away from the defaults: the resumed run must take them from the checkpoint. The
-    # torch example makes its own optimizer (with weight decay): only clipping is a setting.
-    own = recipe.endswith("mnist_resnet_torch.py")
-    setting = "optimizer.gradient_clip_norm=1.0" if own else "optimizer.weight_decay=0.01"
-    arguments = ["--recipe", recipe, "--framework", framework, "--data-dir", str(mnist_dir),
-                 "--epochs", "2", "--limit-steps", str(STEPS), "--checkpoint-every", "5",
-                 "--seed", "7", "--set", setting]  # fmt: skip
-    horovodrun("-m", "hvd_train", *arguments, "--output-dir", str(tmp_path / "straight"))
-
-    killed = tmp_path / "killed"
-    job = start(*arguments, "--output-dir", str(killed))
-    halfway = killed / "checkpoints" / checkpoint_name(1, 0)
-    wait_for(halfway.exists, job)
-    kill_job(job)
-    assert not (killed / "summary.json").exists(), "the job finished before it was killed"
-    # Damage the newest checkpoint too: resuming must notice and fall back to the one before.
-    newest = checkpoints(killed / "checkpoints")[-1]
-    model = newest / "model.safetensors"
-    model.write_bytes(model.read_bytes()[:1000])
-    resumed_output = horovodrun(  # the user types only this
-        "-m", "hvd_train", "--resume", "--output-dir", str(killed), "--data-dir", str(mnist_dir)
-    )
-    assert f"checkpoint {newest} is corrupt (model.safetensors fails its checksum)" in (
-        resumed_output.stdout + resumed_output.stderr
-    )
-
-    straight, resumed = saved_weights(tmp_path / "straight", 2), saved_weights(killed, 2)
+def test_killed_and_resumed_run_matches_the_uninterrupted_one(recipe, framework, resumed):
+    run = resumed(recipe, framework)
+    said = f"checkpoint {run.damaged} is corrupt (model.safetensors fails its checksum)"
+    assert said in run.printed, run.printed
+    straight, after = saved_weights(run.straight, 2), saved_weights(run.killed, 2)
     assert len(straight) >= 8
-    assert_same_weights(straight, resumed)
+    assert_same_weights(straight, after)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

@@ -115,7 +115,7 @@ def recipe_runs(framework: str, data: Path, mnist_dir: Path) -> dict[str, list[s
 @dataclass
 class Run:
     output: Path  # its --output-dir
-    printed: str  # what it printed on stdout, every rank's lines
+    printed: str  # what it printed, stdout then stderr, every rank's lines
 
     @property
     def summary(self) -> dict:

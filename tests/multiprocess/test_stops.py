@@ -26,6 +26,7 @@ from tests.multiprocess.conftest import (
     horovodrun,
     rank_children,
     start,
+    trainings,
     wait_for,
 )
 
@@ -72,8 +73,10 @@ def test_a_signal_checkpoints_at_the_next_step_and_resume_finishes_the_same(
         assert stopped[0].endswith(f"continue with: hvd-train --resume --output-dir {run}")
         saved = checkpoints(run / "checkpoints")
         assert saved and saved[-1].name != final and not (run / "summary.json").exists()
-        horovodrun("-m", "hvd_train", "--resume", "--output-dir", str(run),
-                   "--data-dir", str(mnist_dir))  # fmt: skip
+    runs = [tmp_path / "horovodrun", tmp_path / "ranks"]
+    trainings(*[["--resume", "--output-dir", str(run), "--data-dir", str(mnist_dir)]
+                for run in runs])  # fmt: skip
+    for run in runs:
         assert_same_weights(expected, saved_weights(run, 2))
 
 
