@@ -35,7 +35,7 @@ def horovodrun(
 
 
 def trainings(*runs: list[str], **options) -> list[str]:
-    """Each list of `hvd-train` arguments trained in turn in one `horovodrun` job (cli_runs.py),
+    """Each list of `hvd-train` arguments run in turn in one `horovodrun` job (cli_runs.py),
     the job's start paid once, as `horovodrun(..., **options)` runs it: what each run printed,
     its stdout then its stderr (every rank's lines)."""
     arguments = [argument for run in runs for argument in ("+", *run)][1:]

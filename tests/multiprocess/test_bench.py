@@ -9,7 +9,7 @@ import pytest
 
 from hvd_train.commands.bench import RankTimes, projected_efficiency, report
 from tests.conftest import FRAMEWORKS
-from tests.multiprocess.conftest import HERE, alone, horovodrun
+from tests.multiprocess.conftest import HERE, alone, horovodrun, trainings
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 BENCH = ["-m", "hvd_train", "bench", "--synthetic", "--steps", "8", "--warmup", "2", "--json"]
@@ -58,7 +58,11 @@ def test_projection_takes_off_what_the_backward_pass_hides_unless_overlap_is_off
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_bench_under_horovodrun_times_the_exchange_on_rank_zero_only(framework):
-    output = horovodrun(*BENCH, "--framework", framework, "--links", "100000,0.1").stdout
+    # As given, and with its gradients sent as bf16, one after the other in one job.
+    output, compressed_output = trainings([*BENCH[2:], "--framework", framework, "--links",
+                                           "100000,0.1"],
+                                          [*BENCH[2:], "--framework", framework,
+                                           "--set", "compression=bf16"])  # fmt: skip
     [bench] = figures(output)  # rank 1 prints nothing
     assert output.count('{"world') == 1 and '[0]<stdout>:{"world' in output
     assert bench["world_size"] == 2 and bench["global_batch"] == 128
@@ -75,8 +79,7 @@ def test_bench_under_horovodrun_times_the_exchange_on_rank_zero_only(framework):
     wire_ms = bench["gradient_mb"] * 8 / 0.1  # two hosts, each sending all of it
     expected = bench["local_step_ms"] / (bench["step_ms"] + wire_ms)
     assert slow["2"] == pytest.approx(expected, abs=0.001) and slow["64"] < slow["2"]
-    compressed = figures(horovodrun(*BENCH, "--framework", framework,
-                                    "--set", "compression=bf16").stdout)[0]  # fmt: skip
+    [compressed] = figures(compressed_output)
     assert compressed["gradient_mb"] == pytest.approx(2 * PARAMETERS / 1e6, abs=0.001)
 
 

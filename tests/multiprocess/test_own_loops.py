@@ -32,14 +32,17 @@ from tests.multiprocess.conftest import (
 pytestmark = pytest.mark.multiprocess
 EXAMPLES = REPO / "recipes" / "examples"
 EXPORTS = {"torch": "torch", "tensorflow": "keras"}
+PORT_STEPS = {"torch": "100", "tensorflow": "30"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_the_port_learns_scores_and_resumes_to_the_same_weights(framework, mnist_dir, tmp_path):
     example = str(EXAMPLES / f"own_loop_{framework}.py")
-    # 100 steps an epoch: tests/test_readme.py runs the ports' whole epochs, to 98.5%.
-    arguments = [example, "--epochs", "2", "--limit-steps", "100", "--data-dir", str(mnist_dir)]
+    # Part of an epoch (tests/test_readme.py runs the ports' whole epochs, to 98.5%): the
+    # steps each port takes to 94% and more (TensorFlow's model, Horovod's own, is the larger).
+    steps = PORT_STEPS[framework]
+    arguments = [example, "--epochs", "2", "--limit-steps", steps, "--data-dir", str(mnist_dir)]
     straight = tmp_path / "straight"
     output = horovodrun(*arguments, "--output-dir", str(straight)).stdout
     accuracy = float(re.findall(r"\[0\]<stdout>:epoch 2: test .*accuracy ([\d.]+)%", output)[-1])
