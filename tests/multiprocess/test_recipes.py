@@ -1,5 +1,6 @@
 """Recipes beyond MNIST's TOML under the real `horovodrun -np 2`: the user's own arrays (npz),
-and every Python example under each framework it supports."""
+and every Python example under each framework it supports. A framework's runs train one after
+another in one job (cli_runs.py), and each test reads what its run wrote and printed."""
 
 import functools
 import importlib.util
