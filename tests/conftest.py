@@ -48,9 +48,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Under pytest-xdist (`-n 2 --dist loadgroup`, as make test runs), the multi-process tests
     run one after another on one worker, each with the cores its ranks pin, while the other
     worker takes the one-process tests."""
+    # Experiment: in the full suite (no -m), the one-process tests as a group of their own, on
+    # the other worker, at a lower priority (pytest_runtest_setup): the multi-process group,
+    # the wall time, then has the cores first, and they fill its gaps.
+    whole = not config.option.markexpr
     for item in items:
         if item.get_closest_marker("multiprocess"):
             item.add_marker(pytest.mark.xdist_group("multiprocess"))
+        elif whole:
+            item.add_marker(pytest.mark.xdist_group("one-process"))
     # Horovod's own suites last, once the one-process tests are done: their hundreds of Horovod
     # starts then have the cores to themselves (beside them, one start aborted in hvd.init).
     items.sort(key=lambda item: "test_upstream.py" in item.nodeid)
@@ -72,3 +78,14 @@ def pytest_configure(config: pytest.Config) -> None:
             f"pytest {pytest.__version__} cannot group tests with pytest-xdist's --dist "
             'loadgroup; install "pytest>=8,<9", as pyproject.toml\'s dev group does (make setup)'
         )
+
+
+NICED = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    one_process = not item.get_closest_marker("multiprocess")
+    whole = not item.config.option.markexpr and os.environ.get("PYTEST_XDIST_WORKER")
+    if one_process and whole and not NICED:
+        os.nice(10)
+        NICED.append(True)
