@@ -47,10 +47,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked `containers` or `clusters` run only with that option, whatever -m says.
     Under pytest-xdist (`-n 2 --dist loadgroup`, as make test runs), the multi-process tests
     run one after another on one worker, each with the cores its ranks pin, while the other
-    worker takes the one-process tests."""
-    # Experiment: in the full suite (no -m), the one-process tests as a group of their own, on
-    # the other worker, at a lower priority (pytest_runtest_setup): the multi-process group,
-    # the wall time, then has the cores first, and they fill its gaps.
+    worker takes the one-process tests. In the whole suite (no -m) those form a group of their
+    own too, whose worker yields the cores (pytest_runtest_setup)."""
     whole = not config.option.markexpr
     for item in items:
         if item.get_closest_marker("multiprocess"):
@@ -80,12 +78,16 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
-NICED = []
+YIELDING: list[bool] = []  # whether this worker yields the cores already
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    one_process = not item.get_closest_marker("multiprocess")
+    """In the whole suite under pytest-xdist, the one-process tests' worker (and what it
+    starts) runs at the lowest priority, nice 19: the multi-process tests, which set the
+    suite's time, take the cores whenever they want them, and the one-process tests fill the
+    gaps between their jobs. Two ranks step in lockstep, so every slice taken from one slows
+    both (docs/testing.md, "How the suite is scheduled")."""
     whole = not item.config.option.markexpr and os.environ.get("PYTEST_XDIST_WORKER")
-    if one_process and whole and not NICED:
-        os.nice(10)
-        NICED.append(True)
+    if whole and not item.get_closest_marker("multiprocess") and not YIELDING:
+        os.nice(19)
+        YIELDING.append(True)

@@ -44,11 +44,11 @@ def late_rank() -> dict:
 
 def alternating() -> dict:
     """500 steps; on even steps rank 0 enqueues first and rank 1 after a random sleep of up to
-    100 ms, on odd steps the other way round."""
+    40 ms (many of the waiting rank's cycles), on odd steps the other way round."""
     rng = random.Random(hvd.rank())
     for step in range(500):
         if step % 2 != hvd.rank():
-            time.sleep(rng.uniform(0, 0.1))
+            time.sleep(rng.uniform(0, 0.04))
         expect_sum(hvd.allreduce(value(hvd.rank(), step), op=hvd.Sum, name="step"), range(2), step)
     return {"steps": 500}
 

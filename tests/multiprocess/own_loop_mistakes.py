@@ -1,5 +1,5 @@
-"""Runs inside each rank under `horovodrun -np 2`: one mistake with the own-loop layer, which must
-end the job with one line and exit code 2.
+"""Runs alone or inside each rank under `horovodrun -np 2`: one mistake with the own-loop layer,
+which must end the job with one line and exit code 2.
 
 usage: own_loop_mistakes.py MISTAKE FRAMEWORK OUTPUT_DIR
 """
