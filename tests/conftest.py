@@ -82,12 +82,13 @@ YIELDING: list[bool] = []  # whether this worker yields the cores already
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """In the whole suite under pytest-xdist, the one-process tests' worker (and what it
-    starts) runs at the lowest priority, nice 19: the multi-process tests, which set the
-    suite's time, take the cores whenever they want them, and the one-process tests fill the
-    gaps between their jobs. Two ranks step in lockstep, so every slice taken from one slows
-    both (docs/testing.md, "How the suite is scheduled")."""
+    """In the whole suite under pytest-xdist, the one-process tests' worker (and every process
+    it starts) runs under Linux's idle scheduling policy: the multi-process tests, which set the
+    suite's time, take a core back the moment a rank wakes, and the one-process tests fill the
+    gaps between. Two ranks step in lockstep, so a moment taken from either stops both; at
+    nice 19 a task still keeps the core to the end of its slice (docs/history.md, "The two-rank
+    jobs first")."""
     whole = not item.config.option.markexpr and os.environ.get("PYTEST_XDIST_WORKER")
     if whole and not item.get_closest_marker("multiprocess") and not YIELDING:
-        os.nice(19)
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         YIELDING.append(True)

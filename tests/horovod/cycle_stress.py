@@ -38,7 +38,8 @@ def late_rank() -> dict:
     handle = hvd.allreduce_async(value(hvd.rank(), 0), op=hvd.Sum, name="late")
     expect_sum(hvd.synchronize(handle), range(2), 0)
     waited = time.perf_counter() - started
-    assert waited >= LATE_SECONDS, waited
+    # Rank 0 counts from its own return from hvd.init, which may come a moment after rank 1's.
+    assert waited >= LATE_SECONDS - 0.5, waited
     return {"waited_s": round(waited, 2)}
 
 
