@@ -30,6 +30,8 @@ def _pytest_loads_no_horovod_binding():
     assert not {"horovod.torch", "horovod.tensorflow"} & set(sys.modules)
 
 
+ONE_PROCESS = "one-process"  # the whole suite's xdist group of the one-process tests
+
 # Suites that install system software and take long: each runs only with its option.
 OPT_IN = {
     "containers": "also build and run the Docker images (make test-containers)",
@@ -54,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("multiprocess"):
             item.add_marker(pytest.mark.xdist_group("multiprocess"))
         elif whole:
-            item.add_marker(pytest.mark.xdist_group("one-process"))
+            item.add_marker(pytest.mark.xdist_group(ONE_PROCESS))
     # Horovod's own suites last, once the one-process tests are done: their hundreds of Horovod
     # starts then have the cores to themselves (beside them, one start aborted in hvd.init).
     items.sort(key=lambda item: "test_upstream.py" in item.nodeid)
@@ -78,9 +80,6 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
-YIELDING: list[bool] = []  # whether this worker yields the cores already
-
-
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """In the whole suite under pytest-xdist, the one-process tests' worker (and every process
     it starts) runs under Linux's idle scheduling policy: the multi-process tests, which set the
@@ -88,7 +87,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     gaps between. Two ranks step in lockstep, so a moment taken from either stops both; at
     nice 19 a task still keeps the core to the end of its slice (docs/history.md, "The two-rank
     jobs first")."""
-    whole = not item.config.option.markexpr and os.environ.get("PYTEST_XDIST_WORKER")
-    if whole and not item.get_closest_marker("multiprocess") and not YIELDING:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        YIELDING.append(True)
+    group = item.get_closest_marker("xdist_group")
+    one_process = group is not None and group.args == (ONE_PROCESS,)
+    if one_process and "PYTEST_XDIST_WORKER" in os.environ:  # a worker, not pytest's own process
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # the same again: no change
