@@ -1,5 +1,7 @@
-"""A training set larger than memory should not be: each rank's peak resident memory at np=2
-(torch, mnist_cnn, --steps steps) with a 4 GB training set on disk (--large-gb) against the
+"""Memory per rank, two ways.
+
+`data`: a training set larger than memory should not be: each rank's peak resident memory at
+np=2 (torch, mnist_cnn, --steps steps) with a 4 GB training set on disk (--large-gb) against the
 same recipe with an 80 MB one, for the two ways a set stays on disk:
   - a memory-mapped array handed over by a Python recipe (benchmarks/memmap_mnist.py; MNIST's
     training images, normalised, repeated to the size);
@@ -9,7 +11,18 @@ part of it that is the process's own (anonymous: resident less the file pages ma
 are the page cache, shared and given back under pressure; a memory-mapped array's pages that a
 batch touched, and the kernel's read-around with them, count as resident).
 
-    python -m benchmarks.memory [--steps 100] [--large-gb 4] [--json]
+`state`: the training state sharded (`[horovod] shard`): a model of about 100 M parameters
+under AdamW (benchmarks/sharded_model.py), a few steps then a checkpoint, at np=2 and np=3 under
+each shard setting: each rank's peak resident memory after the steps and after saving, and the
+bytes of training state it holds. glibc's allocator keeps buffers the process freed unless they
+were mapped alone, so every run maps buffers of 1 MB and more alone
+(MALLOC_MMAP_THRESHOLD_): the figures are what the process holds, not what it once held.
+Targets: "optimizer" lowers each rank's peak by at least 0.8 x (1 - 1/N) x the optimizer
+state's bytes against "none", "gradients" by at least 0.8 x (1 - 1/N) x the gradients' bytes
+more, and saving raises no rank's peak above the unsharded run's.
+
+    python -m benchmarks.memory [data] [--steps 100] [--large-gb 4] [--json]
+    python -m benchmarks.memory state [--ranks 2,3] [--json]
 """
 
 from __future__ import annotations
@@ -99,12 +112,76 @@ def train(recipe: str, steps: int, environment: dict[str, str]) -> tuple[int, in
         return peak_rss(command, environment)
 
 
+SHARDS = ("none", "optimizer", "gradients")
+TARGET_SHARE = 0.8  # of the bytes a stage stops holding, by which its peak must fall
+
+
+def state_memory(ranks: int, shard: str) -> list[dict[str, int]]:
+    """Per rank: its peaks and the training state it holds (benchmarks/sharded_model.py)."""
+    with tempfile.TemporaryDirectory() as output:
+        command = [str(BIN / "horovodrun"), "-np", str(ranks), "--gloo", PYTHON,
+                   str(ROOT / "benchmarks" / "sharded_model.py"), shard, output]  # fmt: skip
+        environment = os.environ | {"MALLOC_MMAP_THRESHOLD_": str(2**20)}
+        result = subprocess.run(command, capture_output=True, text=True, env=environment,
+                                cwd=ROOT, timeout=1800)  # fmt: skip
+    line = next((line for line in result.stdout.splitlines() if "STATE " in line), None)
+    if result.returncode or line is None:
+        raise RuntimeError(f"{command} failed:\n{(result.stdout + result.stderr)[-3000:]}")
+    return list(json.loads(line.split("STATE ", 1)[1]))
+
+
+def state(ranks: list[int]) -> dict[str, Any]:
+    """Each stage's figures at each world size, and whether the targets hold."""
+    rows = []
+    for world in ranks:
+        held = {shard: state_memory(world, shard) for shard in SHARDS}
+        whole = held["none"][0]
+        share = TARGET_SHARE * (1 - 1 / world)
+        wanted = {"none": 0.0, "optimizer": share * whole["optimizer"]}
+        wanted["gradients"] = wanted["optimizer"] + share * whole["gradients"]
+        for shard, figures in held.items():
+            lowered = [a["peak_training"] - b["peak_training"]
+                       for a, b in zip(held["none"], figures, strict=True)]  # fmt: skip
+            saving = [b["peak_saving"] <= a["peak_saving"]
+                      for a, b in zip(held["none"], figures, strict=True)]  # fmt: skip
+            rows.append({
+                "ranks": world, "shard": shard, "parameters": whole["parameters"],
+                "held_mb": [{key: round(rank[key] / 2**20)
+                             for key in ("weights", "gradients", "optimizer")}
+                            for rank in figures],
+                "held_bytes": [{key: rank[key] for key in ("weights", "gradients", "optimizer")}
+                               for rank in figures],
+                "peak_training_mb": [round(rank["peak_training"] / 2**20) for rank in figures],
+                "peak_saving_mb": [round(rank["peak_saving"] / 2**20) for rank in figures],
+                "lowered_mb": [round(value / 2**20) for value in lowered],
+                "target_mb": round(wanted[shard] / 2**20),
+                "met": all(value >= wanted[shard] for value in lowered) and all(saving),
+            })  # fmt: skip
+    return {"machine": machine(), "rows": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", nargs="?", choices=("data", "state"), default="data")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--large-gb", type=float, default=4.0, help="the large set's size")
+    parser.add_argument("--ranks", default="2,3", help="the world sizes the state runs at")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    if args.what == "state":
+        result = state([int(n) for n in args.ranks.split(",")])
+        if args.json:
+            print(json.dumps(result, indent=2))
+            return
+        for row in result["rows"]:
+            held = ", ".join("/".join(str(rank[k]) for rank in row["held_mb"])
+                             for k in ("weights", "gradients", "optimizer"))  # fmt: skip
+            print(f"np={row['ranks']} shard={row['shard']:9s} peak MB per rank "
+                  f"{row['peak_training_mb']} (saving {row['peak_saving_mb']}), lowered "
+                  f"{row['lowered_mb']} (target {row['target_mb']}): "
+                  f"{'met' if row['met'] else 'NOT met'}; held MB (weights, gradients, "
+                  f"optimizer) {held}")  # fmt: skip
+        return
     peaks: dict[str, dict[str, tuple[int, int]]] = {"memory-mapped array": {}, "record shards": {}}
     mnist_cnn = (ROOT / "recipes" / "mnist_cnn.toml").read_text().split("[model]", 1)[1]
     sizes = {"small": SMALL_BYTES, "large": args.large_gb * 1e9}

@@ -332,6 +332,63 @@ def memory() -> str:
     ])  # fmt: skip
 
 
+def sharding_memory() -> str:
+    """docs/sharding.md's table: each rank's training state and peak memory per shard setting."""
+    figures = results("sharding-memory")
+    rows = []
+    for row in figures["rows"]:
+        held = row["held_mb"][0]
+        rows.append([str(row["ranks"]), f'`"{row["shard"]}"`',
+                     f"{held['weights']} / {held['gradients']} / {held['optimizer']}",
+                     ", ".join(map(str, row["peak_training_mb"])),
+                     ", ".join(map(str, row["lowered_mb"])), str(row["target_mb"]),
+                     ", ".join(map(str, row["peak_saving_mb"])),
+                     "yes" if row["met"] else "**no**"])  # fmt: skip
+    parameters = figures["rows"][0]["parameters"]
+    return "\n".join([
+        f"`python -m benchmarks.memory state` ({when(figures)}; "
+        "`docs/results/sharding-memory.json`): a model of "
+        f"{parameters / 1e6:.1f} M parameters under AdamW, three steps then a checkpoint, at each "
+        "world size and shard setting. Held: rank 0's weights, gradients and optimizer state "
+        "(MB); the peak resident memory of each rank after the steps and after saving (MB); "
+        "how far the peak fell against `\"none\"`, and the target (0.8 x (1 - 1/N) x the "
+        "bytes a stage stops holding; met where every rank's fell that far and no rank's "
+        "saving peak rose above the unsharded run's):", "",
+        table(["ranks", "shard", "held", "peak", "lowered", "target", "peak saving", "met"],
+              rows), "",
+    ])  # fmt: skip
+
+
+def sharding_largest() -> str:
+    """docs/sharding.md's table: the largest model each setting trains within a rank's memory,
+    from the bytes a parameter that the state benchmark measured."""
+    figures = results("sharding-memory")
+    whole = next(row for row in figures["rows"] if row["shard"] == "none")
+    parameters = whole["parameters"]
+    weights, gradients, optimizer = (whole["held_bytes"][0][key] / parameters
+                                     for key in ("weights", "gradients", "optimizer"))  # fmt: skip
+    shares = {"none": (1, 1), "optimizer": (1, 0), "gradients": (0, 0)}  # whole grads, state
+
+    def per_parameter(shard: str, ranks: int) -> float:
+        whole_gradients, whole_state = shares[shard]
+        return (weights + gradients / (1 if whole_gradients else ranks)
+                + optimizer / (1 if whole_state else ranks))  # fmt: skip
+
+    rows = [[f'`"{shard}"`', *(f"{per_parameter(shard, n):.2f}" for n in (8, 64)),
+             *(f"{memory * 2**30 / per_parameter(shard, n) / 1e9:.1f} B"
+               for memory in (24, 80) for n in (8, 64))]
+            for shard in shares]  # fmt: skip
+    return "\n".join([
+        f"From the bytes a parameter measured above ({weights:.2f} weights, {gradients:.2f} "
+        f"gradients, {optimizer:.2f} optimizer state under AdamW in fp32; each sharded part "
+        "held 1/N of it at N = 2 and 3), the bytes a parameter each rank holds, and the largest "
+        "model whose training state fits in a rank's memory, at 8 and 64 ranks (activations, "
+        "the framework's own memory and the exchange's buffers left out):", "",
+        table(["shard", "bytes/param, 8 ranks", "64 ranks", "24 GiB, 8 ranks", "24 GiB, 64",
+               "80 GiB, 8", "80 GiB, 64"], rows), "",
+    ])  # fmt: skip
+
+
 def against() -> str:
     """docs/data.md's table: the default recipe in this tree against the tree before the data
     pipeline."""
@@ -370,6 +427,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "data": data,
     "loaders": loaders,
     "memory": memory,
+    "sharding-memory": sharding_memory,
+    "sharding-largest": sharding_largest,
     "against": against,
 }
 

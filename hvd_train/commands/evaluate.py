@@ -31,7 +31,7 @@ def evaluate_checkpoint(
     state = checkpoint.state | {"path": str(checkpoint.path)}
     recipe = saved_recipe(state, checkpoint.recipe_text, recipe_reference)
     data = load_data(recipe, data_dir)
-    run = open_run(dist, recipe, seed=0)
+    run = open_run(dist, recipe, seed=0, trains=False)
     run.load_weights(checkpoint, "evaluate it with the recipe that wrote it")
     check_outputs_fit(dist, recipe, data.test)
     results = evaluate(dist, data.test, recipe.metric_functions)

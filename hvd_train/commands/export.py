@@ -43,7 +43,7 @@ def export_checkpoint(
             f"{recipe.name!r} is {' and '.join(recipe.frameworks)} only; choose --format "
             f"{' or '.join(f for f, (w, _) in EXPORT_FORMATS.items() if w in recipe.frameworks)}"
         )
-    run = open_run(dist, recipe, seed=0)
+    run = open_run(dist, recipe, seed=0, trains=False)
     run.load_weights(checkpoint, "export it with the recipe that wrote it")
     x, _ = take(load_data(recipe, data_dir).test, np.arange(EXAMPLES))
     if isinstance(x, dict):

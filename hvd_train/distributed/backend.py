@@ -32,12 +32,14 @@ class ExchangeSettings:
     """How a step's gradients travel and are applied, as a recipe's `[horovod]` table and
     `gradient_clip_norm` say: cast to 16 bits or not (`compression`), after how many local
     backward passes, whether in buckets while the last pass goes on (`overlap`: True, False or
-    "auto"), and the norm they are clipped to after averaging (0: not clipped)."""
+    "auto"), the norm they are clipped to after averaging (0: not clipped), and what each rank
+    keeps of the optimizer's state and the averaged gradients (`shard`)."""
 
     compression: str = "none"
     backward_passes_per_step: int = 1
     overlap: bool | str = "auto"
     gradient_clip_norm: float = 0.0
+    shard: str = "none"
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,9 @@ class Backend(ABC):
     world_size: int = 1
     local_size: int = 1
     device: Any = None  # where the model computes, in the framework's terms
+    # Set by setup: whether each rank holds only its part of the optimizer's state (`shard`);
+    # then `state` is a collective, and the whole optimizer state reaches rank 0 alone.
+    sharded: bool = False
     # Set by setup: the one-process learning rate a schedule scales and warms up (the
     # optimizer's, its first group's).
     learning_rate: float
@@ -154,8 +159,11 @@ class Backend(ABC):
         torch's DDP does before each forward pass; called before evaluating."""
 
     @abstractmethod
-    def state(self) -> ModelState:
-        """What this rank holds, as NumPy arrays (copies) in the framework's own layout."""
+    def state(self, optimizer: bool = True, weights: bool = True) -> ModelState:
+        """What this rank holds, as NumPy arrays (copies) in the framework's own layout: the
+        weights and the optimizer's state, each where asked. Where it is `sharded`, every rank
+        asks for the optimizer's state alike, and rank 0 gets the whole of it (the others
+        none)."""
 
     @abstractmethod
     def load_state(self, weights: Arrays | None = None, optimizer: Arrays | None = None) -> None:

@@ -152,7 +152,7 @@ class Distributed:
         self, model: Any, optimizer: Any, *, compression: str = "none",
         overlap: bool | str = "auto", backward_passes_per_step: int = 1,
         gradient_clip_norm: float = 0.0, scale_learning_rate: str = "none",
-        precision: str | None = None, loss: Loss = "cross_entropy",
+        precision: str | None = None, loss: Loss = "cross_entropy", shard: str = "none",
     ) -> tuple[Any, Any]:  # fmt: skip
         """Takes the model onto this rank's device and makes the optimizer distributed, and
         gives every rank rank 0's weights and optimizer state (under horovodrun's elastic
@@ -167,16 +167,19 @@ class Distributed:
         on), `backward_passes_per_step` (the passes whose gradients add up locally before a
         step averages them), `gradient_clip_norm` (the averaged gradients' norm is clipped to
         it; 0: not clipped), `scale_learning_rate` ("linear", "sqrt": the rates times the
-        world size, or its root; "none"). `precision`: the one given when this was made,
-        unless given here. `loss`: what `train_step` and `eval_batch` compute ("cross_entropy"
-        on logits, or a function `(outputs, labels) -> mean loss`)."""
+        world size, or its root; "none"), `shard` ("optimizer": each rank keeps the optimizer
+        state of its part of the parameters only, and updates that part; "gradients": and of
+        the averaged gradients, which it alone receives; "none"; docs/sharding.md).
+        `precision`: the one given when this was made, unless given here. `loss`: what
+        `train_step` and `eval_batch` compute ("cross_entropy" on logits, or a function
+        `(outputs, labels) -> mean loss`)."""
         if self.model is not None:
             raise UsageError(
                 "setup: called a second time; set up one model and its optimizer once per "
                 "Distributed (and train on with what the first call returned)",
                 every_rank=True,
             )
-        horovod = Horovod(compression=compression, overlap=overlap,
+        horovod = Horovod(compression=compression, overlap=overlap, shard=shard,
                           backward_passes_per_step=backward_passes_per_step)  # fmt: skip
         clip = Rule(kind=float, minimum=0.0).check("gradient_clip_norm", gradient_clip_norm)
         scaling = Rule(kind=str, choices=LR_SCALING).check(
@@ -185,7 +188,10 @@ class Distributed:
         if precision is not None:
             self.precision = Rule(kind=str, choices=PRECISIONS).check("precision", precision)
         exchange = ExchangeSettings(horovod.compression, horovod.backward_passes_per_step,
-                            horovod.overlap, clip)  # fmt: skip
+                                    horovod.overlap, clip, horovod.shard)  # fmt: skip
+        if horovod.shard != "none" and self.world_size == 1:
+            self.print(f'hvd-train: shard = "{horovod.shard}" with one rank: nothing to share '
+                       "out, so it trains unsharded")  # fmt: skip
         elastic = os.environ.get("HOROVOD_ELASTIC") == "1"  # there, the elastic state syncs
         try:
             self.model, self.optimizer = self.backend.setup(model, optimizer, exchange, loss,
@@ -219,7 +225,8 @@ class Distributed:
         differently on one, is one line on every rank here, not a hang or a failed broadcast."""
         shapes = {}
         if problem is None:
-            shapes = {name: tuple(a.shape) for name, a in self.backend.state().weights.items()}
+            weights = self.backend.state(optimizer=False).weights
+            shapes = {name: tuple(a.shape) for name, a in weights.items()}
         everyone = self.all_gather((problem, shapes))
         for rank, (their_problem, theirs) in enumerate(everyone):
             if their_problem is not None:
@@ -365,8 +372,10 @@ class Distributed:
             "hvd_train_version": __version__, "loop": values,
         }  # fmt: skip
 
+        held = self.saved_state()
+
         def write() -> Path:
-            held = self.backend.state()
+            assert held is not None  # on rank 0
             name = checkpoint_name(epoch, step * self.global_batch)
             return save_checkpoint(folder, name, held.weights, held.optimizer, saved, "", keep)
 
@@ -395,7 +404,7 @@ class Distributed:
                     f"({kept['layout']} weights), and this loop trains a {self.framework} model; "
                     "load it into the model that wrote it"
                 )
-            check_weights_fit(checkpoint, self.backend.state().weights,
+            check_weights_fit(checkpoint, self.backend.state(optimizer=False).weights,
                               "load it into the model that wrote it")  # fmt: skip
             try:
                 self.backend.load_state(checkpoint.weights, checkpoint.optimizer)
@@ -414,9 +423,10 @@ class Distributed:
 
     def trained_state(self) -> Arrays:
         """What every replica must hold identically: the trained weights (`weight.<name>`) and
-        the optimizer's state (`optimizer.<name>`), not batchnorm's statistics, which follow
-        each rank's own batches."""
-        state = self.state()
+        the optimizer's state (`optimizer.<name>`; not where each rank holds its own part of
+        it, `shard`), not batchnorm's statistics, which follow each rank's own batches."""
+        self._needs_setup("trained_state")
+        state = self.backend.state(optimizer=not self.backend.sharded)
         trained = {f"weight.{name}": state.weights[name] for name in state.trained}
         return trained | {f"optimizer.{name}": array for name, array in state.optimizer.items()}
 
@@ -478,11 +488,22 @@ class Distributed:
         them)."""
         self.backend.broadcast_state(include_optimizer=True)
 
-    def state(self) -> ModelState:
-        """This rank's weights and optimizer state, as NumPy copies in the framework's
-        layout."""
+    def state(self, optimizer: bool = True) -> ModelState:
+        """This rank's weights and optimizer state (where asked), as NumPy copies in the
+        framework's layout. With `shard`, every rank asks alike: the optimizer's state is
+        gathered onto rank 0 (the other ranks get none)."""
         self._needs_setup("state")
-        return self.backend.state()
+        return self.backend.state(optimizer)
+
+    def saved_state(self) -> ModelState | None:
+        """What rank 0 saves (every rank calls it: with `shard`, the optimizer's state is
+        gathered onto rank 0); None on the other ranks."""
+        self._needs_setup("saved_state")
+        if self.is_rank_zero:
+            return self.backend.state()
+        if self.backend.sharded:
+            self.backend.state(weights=False)  # this rank's part, gathered onto rank 0
+        return None
 
     def load_state(self, weights: Arrays | None = None, optimizer: Arrays | None = None) -> None:
         """Loads what `state` returned, on this rank; a `ValueError` names what does not fit."""

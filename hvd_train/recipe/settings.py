@@ -30,6 +30,9 @@ TRACKERS = ("mlflow", "csv")  # where records go besides the run's own (training
 # How gradients travel between the ranks: as they are (fp32), or cast to 16 bits and back.
 # bf16 keeps fp32's range; Horovod reduces it through the patch series' 13-bfloat16.patch.
 COMPRESSIONS = ("none", "fp16", "bf16")
+# What each rank keeps of the training state: all of it, its part of the optimizer state
+# (ZeRO-1), or that and its part of the averaged gradients (ZeRO-2). docs/sharding.md.
+SHARDS = ("none", "optimizer", "gradients")
 # fp16's narrow range: its loss is scaled up before the backward pass and the gradients down
 # before the update, which is skipped (and the scale lowered) where they overflow.
 LOSS_SCALED = "fp16-mixed"
@@ -269,12 +272,14 @@ class Horovod(Settings):
     """How gradients travel: as they are, or as fp16 or bf16 (`compression`); after how many
     local backward passes; and whether in buckets while the last backward pass goes on
     (`overlap = true`), in one group after it (`false`), or as hvd_train measures best
-    (`"auto"`, see docs/performance.md)."""
+    (`"auto"`, see docs/performance.md); and what each rank keeps of the optimizer's state and
+    the averaged gradients (`shard`, see docs/sharding.md)."""
 
     section = "horovod"
     compression: str = setting("none", kind=str, choices=COMPRESSIONS)
     backward_passes_per_step: int = setting(1, kind=int, positive=True)
     overlap: bool | str = "auto"
+    shard: str = setting("none", kind=str, choices=SHARDS)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,8 +1,9 @@
 """What a resumed run takes from its checkpoint, and every check that the checkpoint fits: the
 recipe as it trained (overrides included), the seed, and by default the framework. The user
 types only `--resume --output-dir`; a flag that contradicts the checkpoint is refused, naming
-the difference, except the safe changes: more epochs, another world size, and how the run is
-watched (logging, checkpoint frequency). `eval` checks its checkpoint here too.
+the difference, except the safe changes: more epochs, another world size, how the ranks share
+the optimizer's state out, and how the run is watched (logging, checkpoint frequency). `eval`
+checks its checkpoint here too.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from hvd_train.recipe.toml import parse_toml_recipe
 from hvd_train.training.position import Position
 
 # What a resumed run may change: how batches are read never changes what they hold, nor where
-# the records go.
+# the records go; how the ranks share the optimizer's state out never changes the update (the
+# checkpoints hold it whole).
 SAFE_CHANGES = (
     "schedule.epochs",
     "model.metrics",
@@ -37,6 +39,7 @@ SAFE_CHANGES = (
     "data.prefetch",
     "data.timeout",
     "output.trackers",
+    "horovod.shard",
 )
 
 

@@ -48,20 +48,21 @@ class Run:
 
     def weights(self) -> Arrays:
         """The model's weights as checkpoints hold them."""
-        return self.layout.to_saved(self.dist.state().weights)
+        return self.layout.to_saved(self.dist.state(optimizer=False).weights)
 
     def load_weights(self, checkpoint: Checkpoint, remedy: str) -> None:
         """Loads `checkpoint`'s weights, once they are known to fit this model; `remedy` is
         what the message of a checkpoint of another model tells the user to do."""
         check_layout(checkpoint, self.dist.framework, self.layout.name)
         check_weights_fit(checkpoint, self.weights(), remedy)
-        current = self.dist.state().weights
+        current = self.dist.state(optimizer=False).weights
         self.dist.load_state(weights=self.layout.from_saved(checkpoint.weights, current))
 
 
-def open_run(framework: str | Distributed, recipe: Recipe, seed: int) -> Run:
+def open_run(framework: str | Distributed, recipe: Recipe, seed: int, trains: bool = True) -> Run:
     """`recipe`'s model, built from `seed`, set up on `framework`'s layer (started here, or
-    already started when the recipe had to be read with its collectives)."""
+    already started when the recipe had to be read with its collectives); sharded as the
+    recipe says where it `trains` (evaluating and exporting step nothing)."""
     dist = start(framework, recipe) if isinstance(framework, str) else framework
     built = build_model(recipe, dist.framework, seed)
     horovod, optimizer = recipe.horovod, recipe.optimizer
@@ -70,6 +71,6 @@ def open_run(framework: str | Distributed, recipe: Recipe, seed: int) -> Run:
         built.model, optimizer, compression=horovod.compression, overlap=horovod.overlap,
         backward_passes_per_step=horovod.backward_passes_per_step,
         gradient_clip_norm=optimizer.gradient_clip_norm, precision=recipe.schedule.precision,
-        loss=recipe.loss,
+        loss=recipe.loss, shard=horovod.shard if trains else "none",
     )  # fmt: skip
     return Run(dist, recipe, built.layout, model)

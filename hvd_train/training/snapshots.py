@@ -16,6 +16,7 @@ from hvd_train.checkpoint import (
     checkpoint_name,
     save_checkpoint,
 )
+from hvd_train.distributed.layer import ModelState
 from hvd_train.recipe.learning_rate import LearningRateSchedule
 from hvd_train.recipe.toml import recipe_toml
 from hvd_train.training.position import EpochPlan, Position
@@ -35,8 +36,9 @@ class Snapshots:
         """Rank 0 writes a checkpoint of `position`, with what the `callbacks` keep; its path,
         on every rank. A failed write stops every rank with its message."""
         state = self.state(position, plan, schedule, callbacks)
+        held = self.run.dist.saved_state()
         return self.run.dist.on_rank_zero(
-            lambda: self.write(self.directory, position, plan, state, self.keep)
+            lambda: self.write(self.directory, position, plan, state, held, self.keep)
         )
 
     def save_if_best(
@@ -47,6 +49,7 @@ class Snapshots:
         ranks among the recipe's `keep_best` there, then drops the one that fell out; its path,
         on every rank, or None."""
         kept = self.run.recipe.checkpoints
+        held = self.run.dist.saved_state()
         folder, sign = self.directory.parent / BEST, 1.0 if kept.mode == "min" else -1.0
         state = self.state(position, plan, schedule, callbacks) | {
             "monitored": {"name": kept.monitor, "value": figure, "mode": kept.mode}
@@ -57,7 +60,7 @@ class Snapshots:
             full = len(ranked) >= kept.keep_best
             if not math.isfinite(figure) or (full and not sign * figure < sign * ranked[-1][1]):
                 return None
-            path = self.write(folder, position, plan, state, keep=len(ranked) + 1)
+            path = self.write(folder, position, plan, state, held, keep=len(ranked) + 1)
             for old, _ in ranked[kept.keep_best - 1 :]:
                 if old != path:  # an evaluation of the same point again (an elastic rollback)
                     shutil.rmtree(old, ignore_errors=True)
@@ -66,8 +69,8 @@ class Snapshots:
         return self.run.dist.on_rank_zero(keep)
 
     def write(self, folder: Path, position: Position, plan: EpochPlan, state: dict[str, Any],
-              keep: int) -> Path:  # fmt: skip
-        held = self.run.dist.state()
+              held: ModelState | None, keep: int) -> Path:  # fmt: skip
+        assert held is not None  # rank 0's, from saved_state
         return save_checkpoint(
             folder, checkpoint_name(position.epoch, plan.samples(position)),
             self.run.layout.to_saved(held.weights), held.optimizer, state,

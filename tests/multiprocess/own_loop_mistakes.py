@@ -53,6 +53,13 @@ elif mistake in ("save", "load-another-model"):
         dist.save(output_dir, {"model": model, "optimizer": optimizer, "epoch": 1})
     else:
         dist.load(output_dir)
+elif mistake == "shard-unshardable":
+    model, optimizer = model_and_optimizer()
+    if framework == "torch":
+        import torch
+
+        optimizer = torch.optim.LBFGS(model.parameters(), lr=0.1)  # its steps see every tensor
+    dist.setup(model, optimizer, shard="optimizer")
 elif mistake == "save-other-values":
     model, optimizer = dist.setup(*model_and_optimizer())
     dist.save(output_dir, {"model": model, "optimizer": optimizer, "epoch": dist.rank})

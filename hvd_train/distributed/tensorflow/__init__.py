@@ -86,6 +86,11 @@ class TensorFlowBackend(Backend):
                 f"setup: the model is a {type(model).__module__}.{type(model).__name__}, and this "
                 "job runs TensorFlow; give a Keras model"
             )
+        if exchange.shard != "none" and self.world_size > 1:
+            raise UsageError(
+                f'[horovod] shard = "{exchange.shard}" is not available under TensorFlow yet; '
+                'train with --framework torch, or set shard = "none"'
+            )
         # Mixed precision is the model's own Keras dtype policy, set as it was built.
         self.model, self.loss = model, self.resolved_loss(loss)
         variables = model.trainable_variables
@@ -294,15 +299,15 @@ class TensorFlowBackend(Backend):
         saved = tf.saved_model.load(str(path))  # held: its functions need its variables
         return path, expected, tf.cast(saved.serve(tf.constant(example)), tf.float32).numpy()
 
-    def state(self) -> ModelState:
+    def state(self, optimizer: bool = True, weights: bool = True) -> ModelState:
         """The optimizer's state is every optimizer variable (iteration count, learning rate,
         slots), keyed by its index in the optimizer's list: Keras's own names hold per-process
         unique layer names."""
-        optimizer = {
-            f"{i:04d}": np.asarray(v.numpy()) for i, v in enumerate(self.optimizer.variables)
-        }
+        variables = self.optimizer.variables if optimizer else []
+        arrays = {f"{i:04d}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
         model = self.model
-        return ModelState(keras_models.weights(model), keras_models.trained_names(model), optimizer)
+        held = keras_models.weights(model) if weights else {}
+        return ModelState(held, keras_models.trained_names(model), arrays)
 
     def load_state(self, weights: Arrays | None = None, optimizer: Arrays | None = None) -> None:
         if weights is not None:

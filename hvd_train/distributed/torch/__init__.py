@@ -11,6 +11,7 @@ state Horovod's elastic driver restores.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -38,7 +39,9 @@ from hvd_train.distributed.backend import (
     T,
 )
 from hvd_train.distributed.host import start_horovod, threads_per_rank
+from hvd_train.distributed.overlap import buckets
 from hvd_train.distributed.torch import exchange as gradients
+from hvd_train.distributed.torch import sharding
 from hvd_train.distributed.torch.modules import (
     AUTOCAST,
     Inputs,
@@ -82,19 +85,74 @@ class TorchBackend(Backend):
         self.scaler = torch.amp.GradScaler(self.device.type) if scaled else None
         self.loss = self.resolved_loss(loss)
         parameters = [p for _, p in self.net.trainable()]
-        self.exchange = gradients.Exchange(
-            parameters, gradients.TRAVEL_DTYPES[exchange.compression], self.device,
-            exchange.backward_passes_per_step, exchange.overlap, self.exchanges,
-        )  # fmt: skip
         self.optimizer = made_optimizer(optimizer, self.net, parameters)
         # Each group's rate over the first's: a schedule's rate times it, every step.
         rates = [group["lr"] for group in self.optimizer.param_groups]
         self.learning_rate = float(rates[0])
         self.rate_ratios = [rate / self.learning_rate for rate in rates]
-        self.optimizer_state = OptimizerState(self.optimizer, parameters, self.scaler)
-        self.stepping = gradients.Stepping(self.exchange, self.scaler, exchange.gradient_clip_norm)
+        self.optimizer_state: OptimizerState | sharding.ShardedState = OptimizerState(
+            self.optimizer, parameters, self.scaler
+        )
+        travel = gradients.TRAVEL_DTYPES[exchange.compression]
+        passes, overlap = exchange.backward_passes_per_step, exchange.overlap
+        self.sharded = exchange.shard != "none" and self.world_size > 1
+        shards = None
+        self.exchange: gradients.Bucketed
+        if not self.sharded:
+            self.exchange = gradients.Exchange(parameters, travel, self.device, passes, overlap,
+                                               self.exchanges)  # fmt: skip
+        else:
+            shards = self._shard(parameters, exchange.shard, travel, passes, overlap)
+        self.stepping = gradients.Stepping(self.exchange, self.scaler, exchange.gradient_clip_norm,
+                                           shards)  # fmt: skip
         gradients.distribute(self.optimizer, self.stepping)
         return self.net.module, self.optimizer
+
+    def _shard(self, parameters: list[torch.Tensor], shard: str, travel: torch.dtype | None,
+               passes: int, overlap: bool | str) -> sharding.Shards:  # fmt: skip
+        """This rank's part of the optimizer's state (and of the averaged gradients, with
+        shard = "gradients"): the optimizer's groups hold its pieces from now on."""
+        if os.environ.get("HOROVOD_ELASTIC") == "1":
+            raise UsageError(
+                f'[horovod] shard = "{shard}" does not train under horovodrun\'s elastic mode yet '
+                '(a rank that leaves takes its part of the state with it); set shard = "none" '
+                "there, or launch without elastic options"
+            )
+        ids = {id(p) for p in parameters}
+        for name, value in vars(self.optimizer).items():
+            listed = isinstance(value, list | tuple) and name != "param_groups"
+            if listed and any(id(item) in ids for item in value):
+                raise UsageError(
+                    f'setup: shard = "{shard}" gives each rank its part of the parameters through '
+                    f"the optimizer's groups, and {type(self.optimizer).__name__} keeps them in "
+                    f".{name} beside its groups, for steps over all of them; choose another "
+                    'optimizer, or set shard = "none"'
+                )
+        # A whole state the optimizer brought (loaded before setup), handed out from rank 0.
+        whole_state = self.optimizer_state
+        assert isinstance(whole_state, OptimizerState)
+        brought = whole_state.arrays() if self.optimizer.state else None
+        sizes = [p.numel() for p in parameters]
+        layout = buckets([size * p.element_size() for size, p in zip(sizes, parameters,
+                                                                     strict=True)])  # fmt: skip
+        whole = type(self.optimizer) not in sharding.ELEMENT_WISE
+        partition = sharding.Partition(sizes, layout, self.world_size, whole)
+        if shard == "gradients":
+            self.exchange = sharding.ScatteringExchange(
+                parameters, partition, self.rank, travel, self.device, passes, overlap,
+                self.exchanges,
+            )  # fmt: skip
+            gradient = self.exchange.gradient
+        else:
+            exchange = gradients.Exchange(parameters, travel, self.device, passes, overlap,
+                                          self.exchanges)  # fmt: skip
+            self.exchange = exchange
+            gradient = functools.partial(sharding.flat_gradient, exchange.gradients, partition,
+                                         self.rank)  # fmt: skip
+        shards = sharding.Shards(parameters, partition, self.rank, self.optimizer, gradient)
+        self.optimizer_state = sharding.ShardedState(self.optimizer, shards, whole_state)
+        self.optimizer_state.pending = brought
+        return shards
 
     def _net(self, model: Any, precision: str) -> Net:
         keras = sys.modules.get("keras")
@@ -204,6 +262,7 @@ class TorchBackend(Backend):
                           computed - started, synced - computed, hide)  # fmt: skip
 
     def local_step(self, batches: list[Batch], seed: int) -> None:
+        self._unsharded("a step on this rank alone")
         parameters = [p for _, p in self.net.trainable()]
         totals: list[torch.Tensor] = [torch.zeros_like(p) for p in parameters]
         for index, (x, y) in enumerate(batches):
@@ -218,7 +277,16 @@ class TorchBackend(Backend):
             self.optimizer.step()
         self.exchange.clear()
 
+    def _unsharded(self, what: str) -> None:
+        if self.sharded:
+            raise UsageError(
+                f"{what} (hvd-train bench) needs every rank's whole optimizer state: bench the "
+                'recipe with --set horovod.shard="none"'
+            )
+
     def gradient_allreduce(self) -> Callable[[], Any]:
+        self._unsharded("the gradients' allreduce alone")
+        assert isinstance(self.exchange, gradients.Exchange)
         flat = torch.zeros_like(self.exchange.flat, dtype=self.exchange.travel)
         return lambda: hvd.allreduce_(flat, op=hvd.Average, name="hvd_train.bench")
 
@@ -246,9 +314,9 @@ class TorchBackend(Backend):
         state.register_reset_callbacks([self._pin, self.exchange.choice.restart])
         return hvd.elastic.run(loop)(state)
 
-    def state(self) -> ModelState:
-        return ModelState(self.net.weights(), self.net.trained_names(),
-                          self.optimizer_state.arrays())  # fmt: skip
+    def state(self, optimizer: bool = True, weights: bool = True) -> ModelState:
+        arrays = self.optimizer_state.arrays() if optimizer else {}
+        return ModelState(self.net.weights() if weights else {}, self.net.trained_names(), arrays)
 
     def load_state(self, weights: Arrays | None = None, optimizer: Arrays | None = None) -> None:
         if weights is not None:

@@ -32,6 +32,29 @@ TRAVEL_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Room at the end of the gradients' buffer for a step's control values, which then travel with
 # the last bucket.
 CONTROL_SLOTS = 16
+# Norms are taken in slices of this many elements, whose squares add up in float64: torch's
+# float32 norm of one long tensor drifts on the CPU (docs/history.md, "The gradients' norm"),
+# and a sharded step's parts would disagree with the whole.
+NORM_SLICE = 2**16
+
+
+def average_async(values: np.ndarray) -> Any:
+    """A handle on the ranks' average of `values`, as float64, in an allreduce of their own."""
+    return hvd.allreduce_async_(torch.from_numpy(values), op=hvd.Average, name="hvd_train.control")
+
+
+def in_memory_order(tensor: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's elements as they lie in memory, as a 1-D view (the order of its
+    gradient's slice of a bucket, whatever its layout: channels-last, for one)."""
+    return tensor.as_strided((tensor.numel(),), (1,), tensor.storage_offset())
+
+
+def squared_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of the squares of dense `tensors`' elements, as float64."""
+    slices = [part for t in tensors for part in in_memory_order(t).split(NORM_SLICE)]
+    if not slices:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.stack(torch._foreach_norm(slices)).double().square().sum()
 
 
 def laid_out(values: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
@@ -41,33 +64,119 @@ def laid_out(values: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
     return values.as_strided(parameter.shape, strides)
 
 
-class Exchange:
-    """Averages the gradients over the ranks, and a step's control values with them.
+class Bucketed:
+    """What a step's exchange keeps track of, whatever travels: the gradients in buckets (in the
+    order the backward pass fills them), each of which leaves once its gradients have all
+    arrived in the step's last backward pass (the `passes`-th, counting each gradient's arrival
+    outside `no_sync`), from its hook where the step overlaps; overlap's choice; and the step's
+    control values, once averaged. A subclass says what leaves (`_send_bucket`), what arrives
+    back (`_average`) and where the gradients live (`clear`, `_claim`). Alone (one rank, not
+    elastic), nothing travels."""
 
-    A bucket leaves from its hook once its gradients have all arrived in the step's last
-    backward pass: the `passes`-th, counting each gradient's arrival outside `no_sync`. One
-    that never fills (a parameter without a gradient in a pass) leaves when the optimizer
-    steps. A parameter this rank left without a gradient sends zeros, as another rank may have
-    one. The control values travel in slots at the buffer's end where the buffer travels as
-    float32 or float64; otherwise (compressed, or a model in 16 bits) as float64 in an
-    allreduce of their own, as Horovod fuses only tensors of one dtype. Alone (one rank, not
-    elastic), nothing travels.
-    """
+    # Whether the last bucket waits for the step (it carries the control values).
+    last_waits = True
+    gradients: torch.Tensor  # where the optimizer reads the averages (all, or this rank's part)
 
-    def __init__(self, parameters: list[torch.Tensor], travel: torch.dtype | None,
-                 device: torch.device, passes: int, overlap: bool | str,
+    def __init__(self, parameters: list[torch.Tensor], passes: int, overlap: bool | str,
                  exchanges: bool) -> None:  # fmt: skip
-        self.parameters, self.travel, self.passes = parameters, travel, passes
-        self.exchanges = exchanges
+        self.parameters, self.passes, self.exchanges = parameters, passes, exchanges
         dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in parameters})
         if len(dtypes) > 1:
             raise UsageError(
                 f"the model trains parameters of several dtypes ({', '.join(dtypes)}), and their "
                 "gradients share one buffer: give them one dtype (module.float())"
             )
+        self.dtype = parameters[0].dtype if parameters else torch.float32
         self.buckets = buckets([p.numel() * p.element_size() for p in parameters])
         self.choice = OverlapChoice(overlap, len(self.buckets))
-        dtype = parameters[0].dtype if parameters else torch.float32
+        self.holding = False  # in no_sync: gradients arrive without counting
+        self.began = time.perf_counter()
+        self.stepped()
+        if len(self.buckets) > 1:
+            for bucket, indices in enumerate(self.buckets):
+                for index in indices:
+                    self.parameters[index].register_post_accumulate_grad_hook(
+                        functools.partial(self._accumulated, bucket, index)
+                    )
+
+    def stepped(self) -> None:
+        """The step is over: the next one counts its gradients' arrivals anew."""
+        self.arrived = [0] * len(self.buckets)  # per bucket: its gradients in the step
+        self.first_full: float | None = None  # when the last pass filled its first bucket
+        self.averaged: np.ndarray | None = None  # the step's control values, once averaged
+
+    def full(self, bucket: int) -> bool:
+        """Whether all of `bucket`'s gradients arrived in the step's last pass."""
+        return self.arrived[bucket] == len(self.buckets[bucket]) * self.passes
+
+    def _accumulated(self, bucket: int, index: int, parameter: torch.Tensor) -> None:
+        """A gradient arrived (`_arrived`); a bucket whose gradients have all arrived in the
+        step's last pass leaves, where the step overlaps."""
+        self._arrived(index, parameter)
+        if self.holding:
+            return
+        self.arrived[bucket] += 1
+        if self.full(bucket):
+            self.first_full = self.first_full or time.perf_counter()
+            waits = self.last_waits and bucket == len(self.buckets) - 1
+            if self.choice.overlap and self.exchanges and not waits:
+                self._send_bucket(bucket)
+
+    def clear(self) -> None:
+        """Zero gradients; the time the step's passes begin."""
+        raise NotImplementedError
+
+    def _arrived(self, index: int, parameter: torch.Tensor) -> None:
+        """What a subclass does with a gradient as it arrives."""
+
+    def _send_bucket(self, bucket: int) -> None:
+        raise NotImplementedError
+
+    def _claim(self) -> None:
+        """What a subclass does with the gradients before the step sends what is left."""
+
+    def _average(self, control: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def synchronize(self, carry: np.ndarray | None = None) -> np.ndarray:
+        """Once per step, after its backward passes: sends what is not on its way yet, waits,
+        and leaves the averages where the optimizer reads them; `carry` travels with them, and
+        while "auto" decides, the step's times. Returns the averaged `carry` (again, when
+        called again in the same step)."""
+        if self.averaged is not None:
+            return self.averaged
+        started = time.perf_counter()
+        self._claim()
+        deciding = self.choice.deciding
+        values = np.zeros(0) if carry is None else carry
+        if deciding:
+            values = np.concatenate([values, self.choice.last])
+        averaged = self._average(values) if self.exchanges else values
+        if deciding:
+            self.choice.record(started - self.began, time.perf_counter() - started, averaged[-2:])
+            averaged = averaged[:-2]
+        self.averaged = averaged
+        return averaged
+
+
+class Exchange(Bucketed):
+    """Averages the gradients over the ranks, and a step's control values with them, by
+    allreduce in place: every rank gets all of them.
+
+    A bucket that never fills (a parameter without a gradient in a pass) leaves when the
+    optimizer steps. A parameter this rank left without a gradient sends zeros, as another rank
+    may have one. The control values travel in slots at the buffer's end where the buffer
+    travels as float32 or float64; otherwise (compressed, or a model in 16 bits) as float64 in
+    an allreduce of their own, as Horovod fuses only tensors of one dtype.
+    """
+
+    def __init__(self, parameters: list[torch.Tensor], travel: torch.dtype | None,
+                 device: torch.device, passes: int, overlap: bool | str,
+                 exchanges: bool) -> None:  # fmt: skip
+        self.travel = travel
+        self.sent: list[tuple[torch.Tensor, Any]] = []  # a part of `flat`, and its handle
+        super().__init__(parameters, passes, overlap, exchanges)
+        dtype = self.dtype
         self.carries_control = travel is None and dtype in (torch.float32, torch.float64)
         gradients = sum(p.numel() for p in parameters)
         room = CONTROL_SLOTS if self.carries_control else 0
@@ -81,16 +190,7 @@ class Exchange:
         for indices, part, bucket_sizes in zip(self.buckets, self.parts, sizes, strict=True):
             views.update(zip(indices, part[: sum(bucket_sizes)].split(bucket_sizes), strict=True))
         self.views = [laid_out(views[index], p) for index, p in enumerate(parameters)]
-        self.holding = False  # in no_sync: gradients arrive without counting
-        self.sent: list[tuple[torch.Tensor, Any]] = []  # a part of `flat`, and its handle
         self.clear()
-        self.stepped()
-        if len(self.buckets) > 1:
-            for bucket, indices in enumerate(self.buckets):
-                for index in indices:
-                    self.parameters[index].register_post_accumulate_grad_hook(
-                        functools.partial(self._accumulated, bucket, index)
-                    )
 
     def clear(self) -> None:
         """Zero gradients, in the buffer; the time the step's passes begin."""
@@ -100,28 +200,16 @@ class Exchange:
                 parameter.grad = view
         self.began = time.perf_counter()
 
-    def stepped(self) -> None:
-        """The step is over: the next one counts its gradients' arrivals anew."""
-        self.arrived = [0] * len(self.buckets)  # per bucket: its gradients in the step
-        self.first_full: float | None = None  # when the last pass filled its first bucket
-        self.averaged: np.ndarray | None = None  # the step's control values, once averaged
-
-    def _accumulated(self, bucket: int, index: int, parameter: torch.Tensor) -> None:
-        """A gradient arrived: one the loop set aside (a .grad set to None, as
-        `module.zero_grad()` does) comes back into the buffer, and a bucket whose gradients
-        have all arrived in the step's last pass leaves."""
+    def _arrived(self, index: int, parameter: torch.Tensor) -> None:
+        """One the loop set aside (a .grad set to None, as `module.zero_grad()` does) comes
+        back into the buffer."""
         view, grad = self.views[index], parameter.grad
         if grad is not view and grad is not None:
             view.copy_(grad)
             parameter.grad = view
-        if self.holding:
-            return
-        self.arrived[bucket] += 1
-        if self.arrived[bucket] == len(self.buckets[bucket]) * self.passes:
-            self.first_full = self.first_full or time.perf_counter()
-            last = bucket == len(self.buckets) - 1  # sent last, with the control values
-            if self.choice.overlap and self.exchanges and not last:
-                self._send(self.parts[bucket], f"hvd_train.step.{bucket}")
+
+    def _send_bucket(self, bucket: int) -> None:
+        self._send(self.parts[bucket], f"hvd_train.step.{bucket}")
 
     def _send(self, part: torch.Tensor, name: str) -> None:
         sent = part if self.travel is None else part.to(self.travel)
@@ -138,26 +226,6 @@ class Exchange:
                     view.copy_(parameter.grad)
                 parameter.grad = view
 
-    def synchronize(self, carry: np.ndarray | None = None) -> np.ndarray:
-        """Once per step, after its backward passes: sends what is not on its way yet, waits,
-        and leaves the averages in .grad; `carry` travels with them, and while "auto" decides,
-        the step's times. Returns the averaged `carry` (again, when called again in the same
-        step)."""
-        if self.averaged is not None:
-            return self.averaged
-        started = time.perf_counter()
-        self._claim()
-        deciding = self.choice.deciding
-        values = np.zeros(0) if carry is None else carry
-        if deciding:
-            values = np.concatenate([values, self.choice.last])
-        averaged = self._average(values) if self.exchanges else values
-        if deciding:
-            self.choice.record(started - self.began, time.perf_counter() - started, averaged[-2:])
-            averaged = averaged[:-2]
-        self.averaged = averaged
-        return averaged
-
     def _average(self, control: np.ndarray) -> np.ndarray:
         """Averages the gradients, and `control` with them (nothing more where it is empty):
         in the buffer's slots, written and read as NumPy on the CPU (no torch op to dispatch),
@@ -169,13 +237,10 @@ class Exchange:
             assert len(control) <= CONTROL_SLOTS, "more control values than CONTROL_SLOTS"
             self._write_control(control)
         else:
-            control_handle = hvd.allreduce_async_(torch.from_numpy(control), op=hvd.Average,
-                                                  name="hvd_train.control")  # fmt: skip
+            control_handle = average_async(control)
         if self.choice.overlap:
-            full = [count == len(b) * self.passes for count, b in zip(self.arrived, self.buckets,
-                                                                        strict=True)]  # fmt: skip
             for bucket, part in enumerate(self.parts):
-                if not full[bucket] or bucket == len(self.parts) - 1:
+                if not self.full(bucket) or bucket == len(self.parts) - 1:
                     self._send(part, f"hvd_train.step.{bucket}")
         else:
             self._send(self.flat, "hvd_train.step")
@@ -208,11 +273,14 @@ class Stepping:
     """What a distributed optimizer's step does around the optimizer's own: the gradients
     averaged (`Exchange`), unscaled under fp16-mixed, their norm taken (where they are clipped,
     or `measured`) and clipped to `clip_norm` (0: not clipped), then the update, skipped alike
-    on every rank where fp16's gradients overflowed."""
+    on every rank where fp16's gradients overflowed. Sharded (`shards`), the optimizer updates
+    this rank's pieces, from its part of the averages, and every rank's updated pieces then
+    reach every rank."""
 
-    def __init__(self, exchange: Exchange, scaler: torch.amp.GradScaler | None,
-                 clip_norm: float) -> None:  # fmt: skip
+    def __init__(self, exchange: Bucketed, scaler: torch.amp.GradScaler | None,
+                 clip_norm: float, shards: Any = None) -> None:  # fmt: skip
         self.exchange, self.scaler, self.clip_norm = exchange, scaler, clip_norm
+        self.shards = shards
         self.measured = False  # whether each step takes the norm (a recipe's step reports it)
         self.norm = torch.zeros(())  # of the last step's averaged gradients, before clipping
         self.inside = False  # in the optimizer's own step, called by GradScaler
@@ -233,14 +301,22 @@ class Stepping:
                 "under fp16-mixed the loss is scaled before its backward pass: call "
                 "dist.backward(loss) instead of loss.backward()"
             )
+        shards = self.shards
         self.exchange.synchronize()
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
+            if shards is not None:
+                shards.agree_on_overflow(self.scaler, optimizer)
         norm = self.norm
         if self.clip_norm or self.measured:
-            norm = torch.linalg.vector_norm(self.exchange.gradients)  # every .grad: one reduction
+            if shards is not None:  # each rank's part's, then their sum
+                norm = shards.norm()
+            else:
+                squares = squared_norm([self.exchange.gradients])
+                norm = squares.sqrt().to(self.exchange.dtype)
         if self.clip_norm:
-            nn.utils.clip_grads_with_norm_(self.exchange.parameters, self.clip_norm, norm)
+            clipped = shards.tensors.values() if shards else self.exchange.parameters
+            nn.utils.clip_grads_with_norm_(list(clipped), self.clip_norm, norm)
         self.inside = True
         try:
             if self.scaler is None:
@@ -252,6 +328,8 @@ class Stepping:
         finally:
             self.inside = self.scaled = False
             self.exchange.stepped()
+        if shards is not None:
+            shards.gather()
         self.norm = norm
 
 

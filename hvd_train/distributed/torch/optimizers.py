@@ -112,16 +112,23 @@ class OptimizerState:
             for index, entries in state.items()
             for key, value in entries.items()
         }
-        if self.scaler is not None:
-            scaler = self.scaler.state_dict()
-            arrays |= {f"scaler.{key}": np.array(scaler[key]) for key in SCALER_STATE}
-        return arrays
+        return arrays | self.scaler_arrays()
 
-    def load(self, state: Arrays) -> None:
-        """Restores `state`, which must hold state for every parameter, shaped like it."""
+    def scaler_arrays(self) -> Arrays:
+        """The loss scale and its count of steps since it last changed, under fp16-mixed."""
+        if self.scaler is None:
+            return {}
+        scaler = self.scaler.state_dict()
+        return {f"scaler.{key}": np.array(scaler[key]) for key in SCALER_STATE}
+
+    def load_scaler(self, state: Arrays) -> None:
         if self.scaler is not None and "scaler.scale" in state:
             scaler = {key: state[f"scaler.{key}"].item() for key in SCALER_STATE}
             self.scaler.load_state_dict(self.scaler.state_dict() | scaler)
+
+    def check(self, state: Arrays) -> dict[int, dict[str, torch.Tensor]]:
+        """`state`'s entries per parameter; a ValueError unless it holds state for every
+        parameter (or none), shaped like it."""
         entries: dict[int, dict[str, torch.Tensor]] = {}
         for name, array in state.items():
             if name.startswith("scaler."):
@@ -136,6 +143,12 @@ class OptimizerState:
                     raise ValueError(
                         f"{index}.{key} is {tuple(tensor.shape)}, not {self.shapes[index]}"
                     )
+        return entries
+
+    def load(self, state: Arrays) -> None:
+        """Restores `state`, which must hold state for every parameter, shaped like it."""
+        entries = self.check(state)
+        self.load_scaler(state)
         current = self.optimizer.state_dict()
         ordered = {at: entries[index] for at, index in enumerate(self.placed) if index in entries}
         self.optimizer.load_state_dict({"state": ordered, "param_groups": current["param_groups"]})
@@ -157,6 +170,9 @@ class OptimizerState:
             for key, value in self.optimizer.state.get(parameter, {}).items()
         }
         hvd.broadcast_parameters(tensors, root_rank=0)
+        self.broadcast_scaler()
+
+    def broadcast_scaler(self) -> None:
         if self.scaler is not None:
             state = hvd.broadcast_object(self.scaler.state_dict(), root_rank=0,
                                          name="hvd_train.scaler")  # fmt: skip

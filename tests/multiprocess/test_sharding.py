@@ -1,0 +1,131 @@
+"""`shard` under the real horovodrun: each stage's steps against the unsharded ones of the same
+job (sharded_steps.py), bit for bit at np=2 for element-wise optimizers and for LAMB, which
+each rank updates whole tensors of; within float32 rounding where the gradients' norm is
+summed in other orders (clipping) or three ranks' sums are (np=3). Each rank holds its part
+only. The trainer's checkpoints of each stage are the unsharded run's, resume at np=3 unsharded
+as the unsharded run's do, and `hvd-train eval` reads them."""
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import assert_same_weights, saved_weights
+from tests.multiprocess.conftest import alone, horovodrun, script, trainings
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(600)]
+
+EXACT = ["adamw", "sgd-accumulated", "rmsprop-bf16", "adam-fp16-mixed", "lamb"]
+STAGES = ["optimizer", "gradients"]
+
+
+def sharded(out: Path, ranks: int, cases: tuple[str, ...]) -> dict[str, list[list[list[int]]]]:
+    """What each rank's optimizer held per case and stage; the saved states lie in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    result = horovodrun(script("sharded_steps.py"), str(out), *cases, ranks=ranks)
+    [line] = re.findall(r"^\[0\]<stdout>:SHARDED (.*)$", result.stdout, re.MULTILINE)
+    everyone = json.loads(line)
+    return {name: [rank[name] for rank in everyone] for name in everyone[0]}
+
+
+@pytest.fixture(scope="module")
+def at_two(tmp_path_factory) -> tuple[Path, dict[str, list[list[list[int]]]]]:
+    out = tmp_path_factory.mktemp("sharded-2")
+    return out, sharded(out, 2, ())
+
+
+def saved(out: Path, case: str, shard: str) -> dict[str, np.ndarray]:
+    with np.load(out / f"{case}-{shard}.npz") as arrays:
+        return dict(arrays)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("case", EXACT)
+def test_a_sharded_step_updates_as_the_unsharded_one_bit_for_bit(at_two, case, stage):
+    out, _ = at_two
+    whole, sharded_state = saved(out, case, "none"), saved(out, case, stage)
+    assert sorted(sharded_state) == sorted(whole)
+    assert any(name.startswith("optimizer.") for name in whole)
+    differing = [name for name, array in whole.items()
+                 if array.dtype != sharded_state[name].dtype
+                 or not np.array_equal(array, sharded_state[name])]  # fmt: skip
+    assert differing == []
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_clipped_gradients_take_the_norm_over_every_rank_s_part(at_two, stage):
+    out, _ = at_two
+    whole, sharded_state = saved(out, "sgd-clipped", "none"), saved(out, "sgd-clipped", stage)
+    for name, array in whole.items():
+        # The norm's squares add up in another order: within float32's rounding of each
+        # tensor's scale, where a norm taken over one rank's part only would be far off.
+        np.testing.assert_allclose(sharded_state[name], array, rtol=0,
+                                   atol=1e-6 * np.abs(array).max(), err_msg=name)  # fmt: skip
+
+
+def test_each_rank_holds_its_part_only(at_two):
+    _, held = at_two
+    whole = held["adamw-none"][0]
+    sizes = [math.prod(shape) for shape in whole]
+    for stage in STAGES:
+        # Element-wise: pieces of the parameters, about half the elements each.
+        counts = [sum(map(math.prod, rank)) for rank in held[f"adamw-{stage}"]]
+        assert sum(counts) == sum(sizes)
+        assert max(counts) < 0.55 * sum(sizes)
+        # LAMB: whole parameters, each on one rank.
+        lamb = held[f"lamb-{stage}"]
+        assert sorted(shape for rank in lamb for shape in rank) == sorted(whole)
+        assert all(lamb)
+
+
+def test_at_three_ranks_the_stages_stay_within_rounding(tmp_path):
+    held = sharded(tmp_path, 3, ("adamw", "lamb"))
+    assert all(len(held[f"adamw-{stage}"]) == 3 for stage in STAGES)
+    for case in ("adamw", "lamb"):
+        whole = saved(tmp_path, case, "none")
+        # The optimizer stage averages as the unsharded one does: the same bits.
+        assert all(np.array_equal(a, saved(tmp_path, case, "optimizer")[n])
+                   for n, a in whole.items())  # fmt: skip
+        # Three ranks' reduce-scatter adds in another order than their allreduce: the weights
+        # within a hundredth of one step (the rate, 1e-3, as Adam and LAMB take about the rate
+        # each step), where another rank's part or a missed average would be whole steps off.
+        scattered = saved(tmp_path, case, "gradients")
+        for name, array in whole.items():
+            if name.startswith("weight."):
+                np.testing.assert_allclose(scattered[name], array, rtol=0, atol=1e-5,
+                                           err_msg=name)  # fmt: skip
+
+
+def test_the_trainer_s_checkpoints_do_not_say_how_they_were_sharded(mnist_dir, tmp_path):
+    # mnist_cnn under each stage at np=2 saves the unsharded run's checkpoint, tensor for
+    # tensor; one of the sharded ones resumes at np=3, unsharded and sharded, alike.
+    common = ["--recipe", "mnist_cnn", "--data-dir", str(mnist_dir), "--epochs", "1",
+              "--limit-steps", "12", "--seed", "5"]  # fmt: skip
+    runs = {shard: tmp_path / shard for shard in ("none", *STAGES)}
+    trainings(*[[*common, "--output-dir", str(out), "--set", f'horovod.shard="{shard}"']
+                for shard, out in runs.items()])  # fmt: skip
+    for kept in ("model.safetensors", "optimizer.safetensors"):
+        whole = saved_weights(runs["none"], 1, kept=kept)
+        for stage in STAGES:
+            assert_same_weights(whole, saved_weights(runs[stage], 1, kept=kept))
+    resumed = {shard: tmp_path / f"resumed-{shard}" for shard in ("none", "optimizer")}
+    for out in resumed.values():
+        shutil.copytree(runs["gradients"], out)
+    more = ["--resume", "--epochs", "2", "--data-dir", str(mnist_dir)]
+    printed = trainings(*[[*more, "--output-dir", str(out), "--set", f'horovod.shard="{shard}"']
+                          for shard, out in resumed.items()], ranks=3)  # fmt: skip
+    assert all("resuming from" in text for text in printed), printed
+    assert_same_weights(saved_weights(resumed["none"], 2), saved_weights(resumed["optimizer"], 2))
+
+
+def test_shard_with_one_rank_says_once_that_it_trains_unsharded(mnist_dir, tmp_path):
+    result = alone("-m", "hvd_train", "--recipe", "mnist_cnn", "--data-dir", str(mnist_dir),
+                   "--epochs", "1", "--limit-steps", "2", "--output-dir", str(tmp_path),
+                   "--set", 'horovod.shard="gradients"')  # fmt: skip
+    said = 'hvd-train: shard = "gradients" with one rank: nothing to share out'
+    assert (result.stdout + result.stderr).count(said) == 1
+    assert (tmp_path / "summary.json").exists()
