@@ -189,9 +189,6 @@ class Distributed:
             self.precision = Rule(kind=str, choices=PRECISIONS).check("precision", precision)
         exchange = ExchangeSettings(horovod.compression, horovod.backward_passes_per_step,
                                     horovod.overlap, clip, horovod.shard)  # fmt: skip
-        if horovod.shard != "none" and self.world_size == 1:
-            self.print(f'hvd-train: shard = "{horovod.shard}" with one rank: nothing to share '
-                       "out, so it trains unsharded")  # fmt: skip
         elastic = os.environ.get("HOROVOD_ELASTIC") == "1"  # there, the elastic state syncs
         try:
             self.model, self.optimizer = self.backend.setup(model, optimizer, exchange, loss,
@@ -200,6 +197,9 @@ class Distributed:
             if elastic:
                 raise
             self.check_same_model(str(error))
+        if horovod.shard != "none" and self.world_size == 1:
+            self.print(f'hvd-train: shard = "{horovod.shard}" with one rank: nothing to share '
+                       "out, so it trains unsharded")  # fmt: skip
         if scaling != "none":
             self.backend.scale_learning_rate(self.world_size ** (1 if scaling == "linear" else 0.5))
         if not elastic:

@@ -1,8 +1,9 @@
 """Runs inside each rank under `horovodrun -np N`: the same steps of a small convolutional model
 (channels-last, gradients in several buckets) under each `shard` setting, in one process, for
 each case below; rank 0 saves the weights and the whole optimizer state each setting ended
-with into OUT/<case>-<shard>.npz, and prints `SHARDED {json}`: per case, the parameters each
-rank's optimizer held (whole or in pieces).
+with into OUT/<case>-<shard>.npz (for one case, also what a loop sharding another way loaded
+from its checkpoint, OUT/<case>-<shard>-reloaded.npz), and prints `SHARDED {json}`: per case,
+the parameters each rank's optimizer held (whole or in pieces).
 
 usage: sharded_steps.py OUT [CASE ...]
 """
@@ -37,6 +38,11 @@ CASES = {
 }  # fmt: skip
 
 
+# The case whose run is saved and loaded into a loop sharding the NEXT way.
+RELOADED = "adamw"
+NEXT = {"none": "optimizer", "optimizer": "gradients", "gradients": "none"}
+
+
 def model() -> nn.Module:
     torch.manual_seed(0)
     layers = [nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 26 * 26, 257), nn.ReLU(),
@@ -58,13 +64,26 @@ def run(case: str, shard: str, out: Path) -> list[list[int]]:
             y = torch.from_numpy(rng.integers(0, 10, 8))
             dist.backward(nn.functional.cross_entropy(net(x), y))
         optimizer.step()
-    state = dist.state()  # every rank: sharded, the whole state is gathered onto rank 0
+    keep(dist, out / f"{case}-{shard}.npz")
+    if case == RELOADED:  # saved, then loaded by a loop that shards another way
+        dist.save(out / f"{case}-{shard}", {"model": net, "optimizer": optimizer, "epoch": 1})
+        other = Distributed("torch")
+        again = model()
+        again, _ = other.setup(again, make(again.parameters()), shard=NEXT[shard], **settings)
+        other.load(out / f"{case}-{shard}")
+        keep(other, out / f"{case}-{shard}-reloaded.npz")
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    return [list(p.shape) for p in held]
+
+
+def keep(dist: Distributed, path: Path) -> None:
+    """The weights and the whole optimizer state, into `path` on rank 0 (every rank calls it:
+    sharded, the state is gathered onto rank 0)."""
+    state = dist.state()
     if dist.is_rank_zero:
         weights = {f"weight.{k}": v for k, v in state.weights.items()}
         optimizer_state = {f"optimizer.{k}": v for k, v in state.optimizer.items()}
-        np.savez(out / f"{case}-{shard}.npz", **weights, **optimizer_state)
-    held = [p for group in optimizer.param_groups for p in group["params"]]
-    return [list(p.shape) for p in held]
+        np.savez(path, **weights, **optimizer_state)
 
 
 def main() -> None:

@@ -9,13 +9,16 @@ import json
 import math
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.helpers import assert_same_weights, saved_weights
-from tests.multiprocess.conftest import alone, horovodrun, script, trainings
+from tests.multiprocess.conftest import HOROVODRUN, alone, horovodrun, script, trainings
+from tests.multiprocess.test_elastic import elastic_job
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(600)]
 
@@ -54,6 +57,15 @@ def test_a_sharded_step_updates_as_the_unsharded_one_bit_for_bit(at_two, case, s
                  if array.dtype != sharded_state[name].dtype
                  or not np.array_equal(array, sharded_state[name])]  # fmt: skip
     assert differing == []
+
+
+@pytest.mark.parametrize("shard", ["none", *STAGES])
+def test_a_loop_s_checkpoint_loads_into_a_loop_sharded_another_way(at_two, shard):
+    # dist.save of each stage, dist.load by a loop with the next: none -> optimizer ->
+    # gradients -> none. The same weights and optimizer state, every tensor.
+    out, _ = at_two
+    saved_state, loaded = saved(out, "adamw", shard), saved(out, "adamw", f"{shard}-reloaded")
+    assert_same_weights(saved_state, loaded)
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -129,3 +141,21 @@ def test_shard_with_one_rank_says_once_that_it_trains_unsharded(mnist_dir, tmp_p
     said = 'hvd-train: shard = "gradients" with one rank: nothing to share out'
     assert (result.stdout + result.stderr).count(said) == 1
     assert (tmp_path / "summary.json").exists()
+
+
+def test_what_does_not_shard_says_so_in_one_line(mnist_dir, tmp_path):
+    # hvd-train bench measures unsharded steps; an elastic job would lose a leaving rank's part
+    # (refused even at one rank, as ranks may join).
+    bench = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, "-m", "hvd_train", "bench",
+             "--recipe", "mnist_cnn", "--set", 'horovod.shard="optimizer"']  # fmt: skip
+    (tmp_path / "hosts").write_text("localhost:1\n")
+    elastic, _ = elastic_job(tmp_path, 1, "--recipe", "mnist_cnn", "--data-dir", str(mnist_dir),
+                             "--set", 'horovod.shard="gradients"')  # fmt: skip
+    results = [subprocess.run(bench, capture_output=True, text=True, timeout=300)]
+    printed = elastic.communicate(timeout=300)[0]  # stdout and stderr, together
+    results.append(subprocess.CompletedProcess(elastic.args, elastic.returncode, printed, ""))
+    for result, said in zip(results, ("is measured unsharded", "does not train under horovodrun's "
+                                      "elastic mode"), strict=True):  # fmt: skip
+        output = result.stdout + result.stderr
+        lines = [line for line in output.splitlines() if "hvd-train: error:" in line]
+        assert result.returncode == 2 and len(lines) == 1 and said in lines[0], output

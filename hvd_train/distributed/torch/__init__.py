@@ -95,6 +95,13 @@ class TorchBackend(Backend):
         )
         travel = gradients.TRAVEL_DTYPES[exchange.compression]
         passes, overlap = exchange.backward_passes_per_step, exchange.overlap
+        if exchange.shard != "none" and os.environ.get("HOROVOD_ELASTIC") == "1":
+            raise UsageError(
+                f'[horovod] shard = "{exchange.shard}" does not train under horovodrun\'s elastic '
+                "mode yet (a rank that leaves would take its part of the state with it); set "
+                'shard = "none" there, or launch without elastic options',
+                every_rank=True,
+            )
         self.sharded = exchange.shard != "none" and self.world_size > 1
         shards = None
         self.exchange: gradients.Bucketed
@@ -112,12 +119,6 @@ class TorchBackend(Backend):
                passes: int, overlap: bool | str) -> sharding.Shards:  # fmt: skip
         """This rank's part of the optimizer's state (and of the averaged gradients, with
         shard = "gradients"): the optimizer's groups hold its pieces from now on."""
-        if os.environ.get("HOROVOD_ELASTIC") == "1":
-            raise UsageError(
-                f'[horovod] shard = "{shard}" does not train under horovodrun\'s elastic mode yet '
-                '(a rank that leaves takes its part of the state with it); set shard = "none" '
-                "there, or launch without elastic options"
-            )
         ids = {id(p) for p in parameters}
         for name, value in vars(self.optimizer).items():
             listed = isinstance(value, list | tuple) and name != "param_groups"
@@ -149,6 +150,7 @@ class TorchBackend(Backend):
             self.exchange = exchange
             gradient = functools.partial(sharding.flat_gradient, exchange.gradients, partition,
                                          self.rank)  # fmt: skip
+        assert self.exchange.buckets == layout, "the exchange buckets as the partition cuts"
         shards = sharding.Shards(parameters, partition, self.rank, self.optimizer, gradient)
         self.optimizer_state = sharding.ShardedState(self.optimizer, shards, whole_state)
         self.optimizer_state.pending = brought
@@ -280,8 +282,9 @@ class TorchBackend(Backend):
     def _unsharded(self, what: str) -> None:
         if self.sharded:
             raise UsageError(
-                f"{what} (hvd-train bench) needs every rank's whole optimizer state: bench the "
-                'recipe with --set horovod.shard="none"'
+                f"{what} (hvd-train bench) is measured unsharded: bench the recipe with --set "
+                'horovod.shard="none"',
+                every_rank=True,
             )
 
     def gradient_allreduce(self) -> Callable[[], Any]:

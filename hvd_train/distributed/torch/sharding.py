@@ -2,9 +2,9 @@
 
 With "optimizer" (ZeRO-1) the gradients are averaged as ever, and each rank updates only its
 part of the parameters, so it keeps the optimizer state of that part only; the updated parts
-reach every rank by one grouped allgather. With "gradients" (ZeRO-2) each bucket of gradients is
-reduce-scattered instead of allreduced, so a rank receives, and keeps, only the averages of its
-part, and lets a bucket's full gradients go as soon as they are sent.
+reach every rank by allgather, a bucket at a time. With "gradients" (ZeRO-2) each bucket of
+gradients is reduce-scattered instead of allreduced, so a rank receives, and keeps, only the
+averages of its part, and lets a bucket's full gradients go as soon as they are sent.
 
 The parts follow the exchange's buckets: rank r holds the r-th of N cuts of each bucket (the
 parameters' elements end to end, in the order the backward pass fills them). An element-wise
@@ -20,6 +20,7 @@ lands in the model), and a schedule made for it goes on working. docs/sharding.m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import horovod.torch as hvd
@@ -63,7 +64,8 @@ class Shards:
     `gradient(bucket, piece)`: where each piece's averaged gradient lies (a 1-D view)."""
 
     def __init__(self, parameters: list[torch.Tensor], partition: Partition, rank: int,
-                 optimizer: torch.optim.Optimizer, gradient: Any) -> None:  # fmt: skip
+                 optimizer: torch.optim.Optimizer,
+                 gradient: Callable[[int, Piece], torch.Tensor]) -> None:  # fmt: skip
         self.parameters, self.partition, self.rank = parameters, partition, rank
         self.memory = [in_memory_order(p.detach()) for p in parameters]
         self.nothing = self.memory[0][:0]  # what a rank holding no piece of a bucket sends
@@ -98,7 +100,8 @@ class Shards:
     def agree_on_overflow(self, scaler: torch.amp.GradScaler,
                           optimizer: torch.optim.Optimizer) -> None:  # fmt: skip
         """Under fp16-mixed each rank unscaled its part only: every rank skips the step where
-        any part overflowed (the flags GradScaler found, maxed over the ranks)."""
+        any part overflowed (the flags GradScaler found, maxed over the ranks; GradScaler keeps
+        them per optimizer in its own `_per_optimizer_states`, which its step reads)."""
         found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         flags = [flag.float().cpu() for flag in found.values()]
         mine = torch.stack(flags).amax() if flags else torch.zeros(())
@@ -114,10 +117,8 @@ class Shards:
         bucket's cuts, IN_FLIGHT at a time, so that no more than those are held twice."""
         partition, waiting = self.partition, []
         for bucket, pieces in enumerate(self.held):
-            parts = [self.memory[p.index][p.start : p.stop] for p in pieces]
-            sent = (
-                parts[0] if len(parts) == 1 else torch.cat(parts) if parts else self.memory[0][:0]
-            )
+            parts = [self.memory[p.index][p.start : p.stop] for p in pieces] or [self.nothing]
+            sent = parts[0] if len(parts) == 1 else torch.cat(parts)
             waiting.append((bucket, hvd.allgather_async(sent, name=f"hvd_train.weights.{bucket}")))
             if len(waiting) >= IN_FLIGHT or bucket == len(self.held) - 1:
                 for done, handle in waiting:
@@ -150,7 +151,7 @@ class ScatteringExchange(Bucketed):
         self.gradients = torch.zeros(partition.offsets[-1], dtype=self.dtype, device=device)
         self.clear()
 
-    def gradient(self, bucket: int, piece: Any) -> torch.Tensor:
+    def gradient(self, bucket: int, piece: Piece) -> torch.Tensor:
         """Where `piece`'s averaged gradient lies, in this rank's cut of `bucket`."""
         at = self.partition.offsets[bucket] + piece.at
         return self.gradients[at : at + piece.stop - piece.start]
@@ -251,7 +252,7 @@ class ShardedState:
         arrays: Arrays = {}
         for indices in self.shards.partition.buckets:
             names = sorted(name for name in layout if name[0] in indices)
-            handles = [hvd.allgather_async(self._sent(index, key, *layout[index, key]),
+            handles = [hvd.allgather_async(self._sent(index, key, layout[index, key]),
                                            name=f"hvd_train.state.{index}.{key}")
                        for index, key in names]  # fmt: skip
             for (index, key), handle in zip(names, handles, strict=True):
@@ -265,10 +266,12 @@ class ShardedState:
                 arrays[f"{index}.{key}"] = values.cpu().numpy().copy()
         return arrays | (self.whole.scaler_arrays() if hvd.rank() == 0 else {})
 
-    def _sent(self, index: int, key: str, kind: str, shape: tuple[int, ...],
-              dtype: str) -> torch.Tensor:  # fmt: skip
-        """What this rank holds of parameter `index`'s state `key`, flat (in memory order,
-        where it has one per element); nothing where it holds none."""
+    def _sent(self, index: int, key: str, described: tuple[str, tuple[int, ...], str]
+              ) -> torch.Tensor:  # fmt: skip
+        """What this rank holds of parameter `index`'s state `key` (`described`: its kind, shape
+        and dtype), flat (in memory order, where it has one per element); nothing where it
+        holds none."""
+        kind, _, dtype = described
         tensor = self.shards.tensors.get(index)
         value = None if tensor is None else self.optimizer.state.get(tensor, {}).get(key)
         if tensor is None or value is None:
