@@ -146,9 +146,6 @@ def state(ranks: list[int]) -> dict[str, Any]:
                       for a, b in zip(held["none"], figures, strict=True)]  # fmt: skip
             rows.append({
                 "ranks": world, "shard": shard, "parameters": whole["parameters"],
-                "held_mb": [{key: round(rank[key] / 2**20)
-                             for key in ("weights", "gradients", "optimizer")}
-                            for rank in figures],
                 "held_bytes": [{key: rank[key] for key in ("weights", "gradients", "optimizer")}
                                for rank in figures],
                 "peak_training_mb": [round(rank["peak_training"] / 2**20) for rank in figures],
@@ -174,7 +171,7 @@ def main() -> None:
             print(json.dumps(result, indent=2))
             return
         for row in result["rows"]:
-            held = ", ".join("/".join(str(rank[k]) for rank in row["held_mb"])
+            held = ", ".join("/".join(str(round(rank[k] / 2**20)) for rank in row["held_bytes"])
                              for k in ("weights", "gradients", "optimizer"))  # fmt: skip
             print(f"np={row['ranks']} shard={row['shard']:9s} peak MB per rank "
                   f"{row['peak_training_mb']} (saving {row['peak_saving_mb']}), lowered "

@@ -337,9 +337,9 @@ def sharding_memory() -> str:
     figures = results("sharding-memory")
     rows = []
     for row in figures["rows"]:
-        held = row["held_mb"][0]
-        rows.append([str(row["ranks"]), f'`"{row["shard"]}"`',
-                     f"{held['weights']} / {held['gradients']} / {held['optimizer']}",
+        held = [round(row["held_bytes"][0][key] / 2**20)
+                for key in ("weights", "gradients", "optimizer")]  # fmt: skip
+        rows.append([str(row["ranks"]), f'`"{row["shard"]}"`', " / ".join(map(str, held)),
                      ", ".join(map(str, row["peak_training_mb"])),
                      ", ".join(map(str, row["lowered_mb"])), str(row["target_mb"]),
                      ", ".join(map(str, row["peak_saving_mb"])),

@@ -39,7 +39,6 @@ from hvd_train.distributed.backend import (
     T,
 )
 from hvd_train.distributed.host import start_horovod, threads_per_rank
-from hvd_train.distributed.overlap import buckets
 from hvd_train.distributed.torch import exchange as gradients
 from hvd_train.distributed.torch import sharding
 from hvd_train.distributed.torch.modules import (
@@ -133,24 +132,21 @@ class TorchBackend(Backend):
         whole_state = self.optimizer_state
         assert isinstance(whole_state, OptimizerState)
         brought = whole_state.arrays() if self.optimizer.state else None
-        sizes = [p.numel() for p in parameters]
-        layout = buckets([size * p.element_size() for size, p in zip(sizes, parameters,
-                                                                     strict=True)])  # fmt: skip
         whole = type(self.optimizer) not in sharding.ELEMENT_WISE
-        partition = sharding.Partition(sizes, layout, self.world_size, whole)
         if shard == "gradients":
-            self.exchange = sharding.ScatteringExchange(
-                parameters, partition, self.rank, travel, self.device, passes, overlap,
-                self.exchanges,
+            scattering = sharding.ScatteringExchange(
+                parameters, self.world_size, self.rank, whole, travel, self.device, passes,
+                overlap, self.exchanges,
             )  # fmt: skip
-            gradient = self.exchange.gradient
+            self.exchange, partition = scattering, scattering.partition
+            gradient = scattering.gradient
         else:
             exchange = gradients.Exchange(parameters, travel, self.device, passes, overlap,
                                           self.exchanges)  # fmt: skip
             self.exchange = exchange
+            partition = sharding.partition(parameters, exchange.buckets, self.world_size, whole)
             gradient = functools.partial(sharding.flat_gradient, exchange.gradients, partition,
                                          self.rank)  # fmt: skip
-        assert self.exchange.buckets == layout, "the exchange buckets as the partition cuts"
         shards = sharding.Shards(parameters, partition, self.rank, self.optimizer, gradient)
         self.optimizer_state = sharding.ShardedState(self.optimizer, shards, whole_state)
         self.optimizer_state.pending = brought

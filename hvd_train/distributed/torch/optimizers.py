@@ -92,6 +92,21 @@ def _optimizer(
     return kind(groups, lr=lr, eps=EPSILON, weight_decay=decay, fused=True)
 
 
+# An optimizer's state per parameter's place: its tensors by name.
+Entries = dict[int, dict[str, torch.Tensor]]
+
+
+def per_parameter(state: Arrays) -> Entries:
+    """An optimizer state's arrays (`<place>.<name>`, beside `scaler.*`) per parameter's place,
+    as tensors sharing their memory."""
+    entries: Entries = {}
+    for name, array in state.items():
+        if not name.startswith("scaler."):
+            position, key = name.split(".", 1)
+            entries.setdefault(int(position), {})[key] = torch.from_numpy(array)
+    return entries
+
+
 class OptimizerState:
     """An optimizer's state as arrays keyed `<parameter's place>.<name>` (`0.exp_avg`, ...),
     the place being the parameter's in the model's trainable ones, whatever the optimizer's own
@@ -126,15 +141,10 @@ class OptimizerState:
             scaler = {key: state[f"scaler.{key}"].item() for key in SCALER_STATE}
             self.scaler.load_state_dict(self.scaler.state_dict() | scaler)
 
-    def check(self, state: Arrays) -> dict[int, dict[str, torch.Tensor]]:
+    def check(self, state: Arrays) -> Entries:
         """`state`'s entries per parameter; a ValueError unless it holds state for every
         parameter (or none), shaped like it."""
-        entries: dict[int, dict[str, torch.Tensor]] = {}
-        for name, array in state.items():
-            if name.startswith("scaler."):
-                continue
-            position, key = name.split(".", 1)
-            entries.setdefault(int(position), {})[key] = torch.from_numpy(array)
+        entries = per_parameter(state)
         if entries and sorted(entries) != list(range(self.count)):
             raise ValueError(f"state for {len(entries)} parameters, the model has {self.count}")
         for index, values in entries.items():

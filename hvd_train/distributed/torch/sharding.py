@@ -36,7 +36,7 @@ from hvd_train.distributed.torch.exchange import (
     laid_out,
     squared_norm,
 )
-from hvd_train.distributed.torch.optimizers import OptimizerState
+from hvd_train.distributed.torch.optimizers import Entries, OptimizerState, per_parameter
 
 # torch's optimizers whose update of an element reads that element's gradient and state alone,
 # and numbers (the step count) that are the same for every element: a piece of a parameter is
@@ -50,6 +50,12 @@ ELEMENT_WISE = (
 # How many buckets' collectives a rank keeps on their way while it prepares the next (their
 # buffers held): more hold more at once for little time won (docs/history.md, "Sharding").
 IN_FLIGHT = 1
+
+
+def partition(parameters: list[torch.Tensor], buckets: list[list[int]], ranks: int,
+              whole: bool) -> Partition:  # fmt: skip
+    """The cuts of the exchange's `buckets` of `parameters` among `ranks`."""
+    return Partition([p.numel() for p in parameters], buckets, ranks, whole)
 
 
 def flat_gradient(gradients: torch.Tensor, partition: Partition, rank: int, bucket: int,
@@ -140,15 +146,16 @@ class ScatteringExchange(Bucketed):
 
     last_waits = False
 
-    def __init__(self, parameters: list[torch.Tensor], partition: Partition, rank: int,
+    def __init__(self, parameters: list[torch.Tensor], ranks: int, rank: int, whole: bool,
                  travel: torch.dtype | None, device: torch.device, passes: int,
                  overlap: bool | str, exchanges: bool) -> None:  # fmt: skip
-        self.partition, self.rank, self.travel, self.device = partition, rank, travel, device
+        self.rank, self.travel, self.device = rank, travel, device
         self.sent: list[tuple[int, Any]] = []  # a bucket, and its handle
         # "auto" weighs time alone; here a bucket that leaves as it fills also lets its
         # gradients go before the pass ends, which is what sharding them is for.
         super().__init__(parameters, passes, True if overlap == "auto" else overlap, exchanges)
-        self.gradients = torch.zeros(partition.offsets[-1], dtype=self.dtype, device=device)
+        self.partition = partition(parameters, self.buckets, ranks, whole)
+        self.gradients = torch.zeros(self.partition.offsets[-1], dtype=self.dtype, device=device)
         self.clear()
 
     def gradient(self, bucket: int, piece: Piece) -> torch.Tensor:
@@ -288,31 +295,32 @@ class ShardedState:
     def load(self, state: Arrays) -> None:
         """Checks `state` (a whole state) and keeps it to hand out (`broadcast`); this rank's
         pieces take theirs at once."""
-        self.whole.check(state)
+        entries = self.whole.check(state)
         self.whole.load_scaler(state)
         self.pending = state
-        self._load(self._cut(state))
+        self._load(self._cut(entries))
 
-    def _cut(self, state: Arrays) -> dict[int, dict[str, torch.Tensor]]:
-        """This rank's pieces' state out of the whole `state` (copies: the whole may go)."""
-        entries: dict[int, dict[str, torch.Tensor]] = {}
-        for name, array in state.items():
-            position, key = name.split(".", 1)
-            if position == "scaler" or int(position) not in self.shards.tensors:
+    def _cut(self, entries: Entries) -> Entries:
+        """This rank's pieces' state out of whole parameters' `entries` (copies: the whole may
+        go)."""
+        cut: Entries = {}
+        for index, values in entries.items():
+            if index not in self.shards.tensors:
                 continue
-            index = int(position)
-            value = torch.from_numpy(np.array(array))
             parameter, tensor = self.shards.parameters[index], self.shards.tensors[index]
-            if value.dim() and tuple(value.shape) == tuple(parameter.shape):
-                flat = torch.empty(value.numel(), dtype=value.dtype)
-                laid_out(flat, parameter).copy_(value)
-                piece = self.shards.pieces[index]
-                value = flat[piece.start : piece.stop].clone()
-                value = laid_out(value, parameter) if value.shape != tensor.shape else value
-            entries.setdefault(index, {})[key] = value
-        return entries
+            piece = self.shards.pieces[index]
+            for key, value in values.items():
+                if value.dim() and tuple(value.shape) == tuple(parameter.shape):
+                    flat = torch.empty(value.numel(), dtype=value.dtype)
+                    laid_out(flat, parameter).copy_(value)
+                    value = flat[piece.start : piece.stop].clone()
+                    value = laid_out(value, parameter) if value.shape != tensor.shape else value
+                else:
+                    value = value.clone()
+                cut.setdefault(index, {})[key] = value
+        return cut
 
-    def _load(self, entries: dict[int, dict[str, torch.Tensor]]) -> None:
+    def _load(self, entries: Entries) -> None:
         ordered = {at: entries[index] for at, index in enumerate(self.shards.order)
                    if index in entries}  # fmt: skip
         current = self.optimizer.state_dict()["param_groups"]
@@ -329,7 +337,7 @@ class ShardedState:
         self.pending = None
         if layout is None:
             return
-        entries: dict[int, dict[str, torch.Tensor]] = {}
+        entries: Entries = {}
         for indices in self.shards.partition.buckets:
             names = [name for name in layout if int(name.split(".")[0]) in indices]
             handed = {}
@@ -341,7 +349,8 @@ class ShardedState:
                 handed[name] = (tensor, handle)
             for _, handle in handed.values():
                 hvd.synchronize(handle)
-            for index, values in self._cut({n: t.numpy() for n, (t, _) in handed.items()}).items():
+            whole = per_parameter({n: t.numpy() for n, (t, _) in handed.items()})
+            for index, values in self._cut(whole).items():
                 entries.setdefault(index, {}).update(values)
         self._load(entries)
 
