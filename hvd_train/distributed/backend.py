@@ -240,6 +240,15 @@ class Backend(ABC):
         passes, then the update with this rank's own gradients, which never reach Horovod."""
         raise UsageError(f"hvd-train bench cannot time {self.name}: its backend has no local step")
 
+    def measured_unsharded(self, what: str) -> None:
+        """`hvd-train bench` times `what` unsharded: one line where setup sharded."""
+        if self.sharded:
+            raise UsageError(
+                f"{what} (hvd-train bench) is measured unsharded: bench the recipe with --set "
+                'horovod.shard="none"',
+                every_rank=True,
+            )
+
     def gradient_allreduce(self) -> Callable[[], Any]:
         """A plain allreduce of tensors shaped like the gradients (as they travel: fp16 under
         compression), ready to run again and again."""

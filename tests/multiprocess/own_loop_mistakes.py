@@ -59,6 +59,10 @@ elif mistake == "shard-unshardable":
         import torch
 
         optimizer = torch.optim.LBFGS(model.parameters(), lr=0.1)  # its steps see every tensor
+    else:
+        import keras
+
+        optimizer = keras.optimizers.SGD(0.1, global_clipnorm=1.0)  # over this rank's part
     dist.setup(model, optimizer, shard="optimizer")
 elif mistake == "save-other-values":
     model, optimizer = dist.setup(*model_and_optimizer())

@@ -5,25 +5,37 @@ with into OUT/<case>-<shard>.npz (for one case, also what a loop sharding anothe
 from its checkpoint, OUT/<case>-<shard>-reloaded.npz), and prints `SHARDED {json}`: per case,
 the parameters each rank's optimizer held (whole or in pieces).
 
-usage: sharded_steps.py OUT [CASE ...]
+Under torch every case is a loop's own steps (`backward`, `optimizer.step()`); under TensorFlow
+the loop's own `GradientTape` step for "adamw" and "adam-fp16-mixed" (where, in its second
+step, rank 0 makes one gradient of a parameter it alone updates overflow: every rank must skip
+that step, as unsharded), `train_step` (a recipe's compiled step) for the others.
+
+usage: sharded_steps.py FRAMEWORK OUT [CASE ...]
 """
 
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
-from hvd_train import Distributed
+from hvd_train import Distributed, Optimizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes" / "examples"))
-from ported_script import torch_lamb
+FRAMEWORK = sys.argv[1]
+if FRAMEWORK == "torch":
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes" / "examples"))
+    from ported_script import torch_lamb
+else:
+    import keras
+    import tensorflow as tf
 
 STEPS = 4
 # Each case: the optimizer, and the setup's settings beside shard.
-CASES = {
+TORCH_CASES = {
     "adamw": (lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01, fused=True),
               {"overlap": True}),
     "sgd-accumulated": (lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True,
@@ -36,6 +48,20 @@ CASES = {
     "sgd-clipped": (lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
                     {"gradient_clip_norm": 0.5}),
 }  # fmt: skip
+# The same under TensorFlow; sgd through hvd_train's table, whose L2 term the step adds.
+TENSORFLOW_CASES = {
+    "adamw": (lambda: keras.optimizers.AdamW(1e-3, weight_decay=0.01), {"overlap": True}),
+    "sgd-accumulated": (lambda: Optimizer(name="sgd", learning_rate=0.05, momentum=0.9,
+                                          nesterov=True, weight_decay=1e-4),
+                        {"overlap": False, "backward_passes_per_step": 2}),
+    "rmsprop-bf16": (lambda: keras.optimizers.RMSprop(1e-3, momentum=0.9),
+                     {"overlap": True, "compression": "bf16"}),
+    "adam-fp16-mixed": (lambda: keras.optimizers.Adam(1e-3), {"precision": "fp16-mixed"}),
+    "lamb": (lambda: keras.optimizers.Lamb(1e-3, weight_decay=0.01), {"overlap": True}),
+    "sgd-clipped": (lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+                    {"gradient_clip_norm": 0.5}),
+}  # fmt: skip
+CASES = TORCH_CASES if FRAMEWORK == "torch" else TENSORFLOW_CASES
 
 
 # The case whose run is saved and loaded into a loop sharding the NEXT way.
@@ -43,7 +69,13 @@ RELOADED = "adamw"
 NEXT = {"none": "optimizer", "optimizer": "gradients", "gradients": "none"}
 
 
-def model() -> nn.Module:
+def model() -> Any:
+    if FRAMEWORK == "tensorflow":
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(8, 3),
+                                 keras.layers.ReLU(), keras.layers.Flatten(),
+                                 keras.layers.Dense(257), keras.layers.ReLU(),
+                                 keras.layers.Dense(10)])  # fmt: skip
     torch.manual_seed(0)
     layers = [nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 26 * 26, 257), nn.ReLU(),
               nn.Linear(257, 10)]  # fmt: skip
@@ -51,6 +83,8 @@ def model() -> nn.Module:
 
 
 def run(case: str, shard: str, out: Path) -> list[list[int]]:
+    if FRAMEWORK == "tensorflow":
+        return run_tensorflow(case, shard, out)
     make, settings = CASES[case]
     dist = Distributed("torch")
     net = model()
@@ -76,6 +110,48 @@ def run(case: str, shard: str, out: Path) -> list[list[int]]:
     return [list(p.shape) for p in held]
 
 
+def run_tensorflow(case: str, shard: str, out: Path) -> list[list[int]]:
+    make, settings = CASES[case]
+    settings = dict(settings)
+    dist = Distributed("tensorflow", precision=settings.pop("precision", "fp32"))
+    net, optimizer = dist.setup(model(), make(), shard=shard, **settings)
+    passes = settings.get("backward_passes_per_step", 1)
+    rng = np.random.default_rng(dist.rank)  # each rank its own batches
+
+    @tf.function
+    def own_step(x: tf.Tensor, y: tf.Tensor, overflow: tf.Tensor) -> None:
+        with tf.GradientTape() as tape:
+            logits = tf.cast(net(x, training=True), tf.float32)
+            loss = tf.reduce_mean(
+                keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+            )
+            scaled = optimizer.scale_loss(loss)
+        *grads, last = tape.gradient(scaled, net.trainable_variables)
+        grads.append(last + overflow)  # the last bias: rank 0's alone, at np=2
+        optimizer.apply_gradients(zip(grads, net.trainable_variables, strict=True))
+
+    for step in range(STEPS):
+        batches = [(rng.standard_normal((8, 28, 28, 1)).astype(np.float32),
+                    rng.integers(0, 10, 8)) for _ in range(passes)]  # fmt: skip
+        if case in (RELOADED, "adam-fp16-mixed"):
+            overflow = np.zeros(10, np.float32)
+            if case != RELOADED and step == 1 and dist.rank == 0:
+                overflow[3] = np.inf
+            own_step(*batches[0], overflow)
+        else:
+            dist.train_step(batches, dist.learning_rate, seed=step)
+    keep(dist, out / f"{case}-{shard}.npz")
+    if case == RELOADED:  # saved, then loaded by a loop that shards another way
+        dist.save(out / f"{case}-{shard}", {"model": net, "optimizer": optimizer, "epoch": 1})
+        other = Distributed("tensorflow")
+        other.setup(model(), make(), shard=NEXT[shard], **settings)
+        other.load(out / f"{case}-{shard}")
+        keep(other, out / f"{case}-{shard}-reloaded.npz")
+    shards = dist.backend.exchange.shards
+    held = net.trainable_variables if shards is None else shards.tensors
+    return [list(v.shape) for v in held if np.prod(v.shape) > 0]
+
+
 def keep(dist: Distributed, path: Path) -> None:
     """The weights and the whole optimizer state, into `path` on rank 0 (every rank calls it:
     sharded, the state is gathered onto rank 0)."""
@@ -87,12 +163,12 @@ def keep(dist: Distributed, path: Path) -> None:
 
 
 def main() -> None:
-    out, cases = Path(sys.argv[1]), sys.argv[2:] or list(CASES)
+    out, cases = Path(sys.argv[2]), sys.argv[3:] or list(CASES)
     held = {}
     for case in cases:
         for shard in ("none", "optimizer", "gradients"):
             held[f"{case}-{shard}"] = run(case, shard, out)
-    dist = Distributed("torch")
+    dist = Distributed(FRAMEWORK)
     everyone = dist.all_gather(held)
     dist.print("SHARDED " + json.dumps(everyone))
 

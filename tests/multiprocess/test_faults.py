@@ -42,9 +42,13 @@ RESUMABLE = [
     ),
 ]
 
-# The recipes that train sharded under torch here (the others unsharded): each stage's run
+# The recipes that train sharded here, per framework (the others unsharded): each stage's run
 # resumes to the uninterrupted one's weights too.
-SHARDED = {"mnist_resnet_torch": "gradients", "mnist_resnet_keras": "optimizer"}
+SHARDED = {
+    ("mnist_resnet_torch", "torch"): "gradients",
+    ("mnist_resnet_keras", "torch"): "optimizer",
+    ("mnist_resnet_keras", "tensorflow"): "gradients",
+}
 
 
 @dataclass
@@ -75,8 +79,9 @@ def resumed(mnist_dir, tmp_path_factory) -> Callable[[str, str], Resumed]:
                                  "--data-dir", str(mnist_dir), "--epochs", "2",
                                  "--limit-steps", str(STEPS), "--checkpoint-every", "5",
                                  "--seed", "7", "--set", setting]  # fmt: skip
-            if framework == "torch" and Path(recipe).stem in SHARDED:  # each stage resumes too
-                arguments[recipe] += ["--set", f'horovod.shard="{SHARDED[Path(recipe).stem]}"']
+            shard = SHARDED.get((Path(recipe).stem, framework))
+            if shard:  # each stage resumes too
+                arguments[recipe] += ["--set", f'horovod.shard="{shard}"']
         cases = {recipe: out / Path(recipe).stem for recipe in recipes}
         trainings(*[[*arguments[r], "--output-dir", str(cases[r] / "straight")] for r in recipes])
         damaged = {}

@@ -77,7 +77,8 @@ MISTAKES = {
     "other-frameworks-optimizer": (1, "setup: the optimizer is a"),
     "load-another-model": (1, "was written for another model"),
     "save-other-values": (2, "save: rank 1 saves other values than rank 0"),
-    # torch: LBFGS, which holds its parameters outside its groups; TensorFlow: not yet.
+    # torch: LBFGS, which holds its parameters outside its groups; TensorFlow: an optimizer that
+    # clips by its own global_clipnorm, which would see this rank's part only.
     "shard-unshardable": (2, 'shard = "optimizer"'),
 }
 

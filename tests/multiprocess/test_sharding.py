@@ -1,9 +1,9 @@
-"""`shard` under the real horovodrun: each stage's steps against the unsharded ones of the same
-job (sharded_steps.py), bit for bit at np=2 for element-wise optimizers and for LAMB, which
-each rank updates whole tensors of; within float32 rounding where the gradients' norm is
-summed in other orders (clipping) or three ranks' sums are (np=3). Each rank holds its part
-only. The trainer's checkpoints of each stage are the unsharded run's, resume at np=3 unsharded
-as the unsharded run's do, and `hvd-train eval` reads them."""
+"""`shard` under the real horovodrun, per framework: each stage's steps against the unsharded
+ones of the same job (sharded_steps.py), bit for bit at np=2 for element-wise optimizers and for
+LAMB, which each rank updates whole tensors of; within float32 rounding where the gradients'
+norm is summed in other orders (clipping) or three ranks' sums are (np=3). Each rank holds its
+part only. The trainer's checkpoints of each stage are the unsharded run's, and resume at np=3
+unsharded as sharded."""
 
 import json
 import math
@@ -16,29 +16,31 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import FRAMEWORKS
 from tests.helpers import assert_same_weights, saved_weights
 from tests.multiprocess.conftest import HOROVODRUN, alone, horovodrun, script, trainings
 from tests.multiprocess.test_elastic import elastic_job
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
 EXACT = ["adamw", "sgd-accumulated", "rmsprop-bf16", "adam-fp16-mixed", "lamb"]
 STAGES = ["optimizer", "gradients"]
 
 
-def sharded(out: Path, ranks: int, cases: tuple[str, ...]) -> dict[str, list[list[list[int]]]]:
+def sharded(framework: str, out: Path, ranks: int,
+            cases: tuple[str, ...]) -> dict[str, list[list[list[int]]]]:  # fmt: skip
     """What each rank's optimizer held per case and stage; the saved states lie in `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    result = horovodrun(script("sharded_steps.py"), str(out), *cases, ranks=ranks)
+    result = horovodrun(script("sharded_steps.py"), framework, str(out), *cases, ranks=ranks)
     [line] = re.findall(r"^\[0\]<stdout>:SHARDED (.*)$", result.stdout, re.MULTILINE)
     everyone = json.loads(line)
     return {name: [rank[name] for rank in everyone] for name in everyone[0]}
 
 
-@pytest.fixture(scope="module")
-def at_two(tmp_path_factory) -> tuple[Path, dict[str, list[list[list[int]]]]]:
-    out = tmp_path_factory.mktemp("sharded-2")
-    return out, sharded(out, 2, ())
+@pytest.fixture(scope="module", params=FRAMEWORKS)
+def at_two(request, tmp_path_factory) -> tuple[Path, dict[str, list[list[list[int]]]]]:
+    out = tmp_path_factory.mktemp(f"sharded-2-{request.param}")
+    return out, sharded(request.param, out, 2, ())
 
 
 def saved(out: Path, case: str, shard: str) -> dict[str, np.ndarray]:
@@ -94,8 +96,9 @@ def test_each_rank_holds_its_part_only(at_two):
         assert all(lamb)
 
 
-def test_at_three_ranks_the_stages_stay_within_rounding(tmp_path):
-    held = sharded(tmp_path, 3, ("adamw", "lamb"))
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_at_three_ranks_the_stages_stay_within_rounding(framework, tmp_path):
+    held = sharded(framework, tmp_path, 3, ("adamw", "lamb"))
     assert all(len(held[f"adamw-{stage}"]) == 3 for stage in STAGES)
     for case in ("adamw", "lamb"):
         whole = saved(tmp_path, case, "none")
@@ -111,12 +114,15 @@ def test_at_three_ranks_the_stages_stay_within_rounding(tmp_path):
                                                err_msg=f"{stage}: {name}")  # fmt: skip
 
 
-def test_the_trainer_s_checkpoints_do_not_say_how_they_were_sharded(mnist_dir, tmp_path):
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_trainer_s_checkpoints_do_not_say_how_they_were_sharded(framework, mnist_dir,
+                                                                   tmp_path):  # fmt: skip
     # mnist_cnn under each stage at np=2 saves the unsharded run's checkpoint, tensor for
     # tensor; one of the sharded ones resumes at np=3, unsharded and sharded, alike.
     # overlap off: at three ranks, buckets grouped as they come would add up in other orders.
-    common = ["--recipe", "mnist_cnn", "--data-dir", str(mnist_dir), "--epochs", "1",
-              "--limit-steps", "12", "--seed", "5", "--set", "horovod.overlap=false"]  # fmt: skip
+    common = ["--recipe", "mnist_cnn", "--framework", framework, "--data-dir", str(mnist_dir),
+              "--epochs", "1", "--limit-steps", "12", "--seed", "5",
+              "--set", "horovod.overlap=false"]  # fmt: skip
     runs = {shard: tmp_path / shard for shard in ("none", *STAGES)}
     trainings(*[[*common, "--output-dir", str(out), "--set", f'horovod.shard="{shard}"']
                 for shard, out in runs.items()])  # fmt: skip
@@ -134,6 +140,7 @@ def test_the_trainer_s_checkpoints_do_not_say_how_they_were_sharded(mnist_dir, t
     assert_same_weights(saved_weights(resumed["none"], 2), saved_weights(resumed["optimizer"], 2))
 
 
+@pytest.mark.torch
 def test_shard_with_one_rank_says_once_that_it_trains_unsharded(mnist_dir, tmp_path):
     result = alone("-m", "hvd_train", "--recipe", "mnist_cnn", "--data-dir", str(mnist_dir),
                    "--epochs", "1", "--limit-steps", "2", "--output-dir", str(tmp_path),
@@ -143,19 +150,39 @@ def test_shard_with_one_rank_says_once_that_it_trains_unsharded(mnist_dir, tmp_p
     assert (tmp_path / "summary.json").exists()
 
 
+@pytest.mark.torch
+@pytest.mark.tensorflow
 def test_what_does_not_shard_says_so_in_one_line(mnist_dir, tmp_path):
-    # hvd-train bench measures unsharded steps; an elastic job would lose a leaving rank's part
-    # (refused even at one rank, as ranks may join).
-    bench = [str(HOROVODRUN), "-np", "2", "--gloo", sys.executable, "-m", "hvd_train", "bench",
-             "--recipe", "mnist_cnn", "--set", 'horovod.shard="optimizer"']  # fmt: skip
+    # hvd-train bench measures unsharded steps (each framework); an elastic job would lose a
+    # leaving rank's part (torch; refused even at one rank, as ranks may join).
+    benches = [
+        [
+            str(HOROVODRUN),
+            "-np",
+            "2",
+            "--gloo",
+            sys.executable,
+            "-m",
+            "hvd_train",
+            "bench",
+            "--recipe",
+            "mnist_cnn",
+            "--framework",
+            framework,
+            "--set",
+            'horovod.shard="optimizer"',
+        ]
+        for framework in ("torch", "tensorflow")
+    ]
     (tmp_path / "hosts").write_text("localhost:1\n")
     elastic, _ = elastic_job(tmp_path, 1, "--recipe", "mnist_cnn", "--data-dir", str(mnist_dir),
                              "--set", 'horovod.shard="gradients"')  # fmt: skip
-    results = [subprocess.run(bench, capture_output=True, text=True, timeout=300)]
+    results = [subprocess.run(bench, capture_output=True, text=True, timeout=300)
+               for bench in benches]  # fmt: skip
     printed = elastic.communicate(timeout=300)[0]  # stdout and stderr, together
     results.append(subprocess.CompletedProcess(elastic.args, elastic.returncode, printed, ""))
-    for result, said in zip(results, ("is measured unsharded", "does not train under horovodrun's "
-                                      "elastic mode"), strict=True):  # fmt: skip
+    said = ["is measured unsharded"] * 2 + ["does not train under horovodrun's elastic mode"]
+    for result, expected in zip(results, said, strict=True):
         output = result.stdout + result.stderr
         lines = [line for line in output.splitlines() if "hvd-train: error:" in line]
-        assert result.returncode == 2 and len(lines) == 1 and said in lines[0], output
+        assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], output

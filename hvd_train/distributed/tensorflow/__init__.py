@@ -36,7 +36,9 @@ from hvd_train.distributed.backend import (
 )
 from hvd_train.distributed.host import start_horovod, threads_per_rank
 from hvd_train.distributed.overlap import OverlapChoice
+from hvd_train.distributed.sharding import Partition
 from hvd_train.distributed.tensorflow import exchange as averaging
+from hvd_train.distributed.tensorflow import sharding
 from hvd_train.distributed.tensorflow.compiled import Compiled
 from hvd_train.distributed.tensorflow.optimizers import has_schedule, made_optimizer
 from hvd_train.errors import UsageError
@@ -86,11 +88,6 @@ class TensorFlowBackend(Backend):
                 f"setup: the model is a {type(model).__module__}.{type(model).__name__}, and this "
                 "job runs TensorFlow; give a Keras model"
             )
-        if exchange.shard != "none" and self.world_size > 1:
-            raise UsageError(
-                f'[horovod] shard = "{exchange.shard}" is not available under TensorFlow yet; '
-                'train with --framework torch, or set shard = "none"'
-            )
         # Mixed precision is the model's own Keras dtype policy, set as it was built.
         self.model, self.loss = model, self.resolved_loss(loss)
         variables = model.trainable_variables
@@ -111,8 +108,6 @@ class TensorFlowBackend(Backend):
             self.learning_rate = float(self.optimizer.learning_rate.numpy())
         if precision == LOSS_SCALED:
             self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
-        # Slots exist from the start, so the first broadcast covers them too.
-        self.optimizer.build(variables)
         # sgd, adam and rmsprop take a recipe's weight decay as an L2 term in the gradient, as
         # torch does: each variable's factor (0 where weight_decay_exclude keeps it out).
         coupled = optimizer.coupled_weight_decay if isinstance(optimizer, Optimizer) else 0.0
@@ -121,6 +116,11 @@ class TensorFlowBackend(Backend):
             variables, exchange.compression, exchange.backward_passes_per_step, exchange.overlap,
             exchange.gradient_clip_norm, self.world_size,
         )  # fmt: skip
+        self.sharded = exchange.shard != "none" and self.world_size > 1
+        if self.sharded:
+            self._shard(variables, exchange.shard)
+        else:  # slots exist from the start, so the first broadcast covers them too
+            self.optimizer.build(variables)
         averaging.distribute(self.optimizer, self.exchange)
         self.passes_per_step = exchange.backward_passes_per_step
         # A recipe's step, with several backward passes: their gradients and loss, summed.
@@ -131,6 +131,21 @@ class TensorFlowBackend(Backend):
         self.overlap_choice = OverlapChoice(exchange.overlap, len(self.exchange.buckets))
         self._compile()
         return self.model, self.optimizer
+
+    def _shard(self, variables: list[Any], shard: str) -> None:
+        """This rank's part of the optimizer's state (and of the averaged gradients, with
+        shard = "gradients"): the optimizer is built over its pieces of the variables."""
+        why = sharding.refused(self.optimizer, shard)
+        if why:
+            raise UsageError(f'setup: shard = "{shard}": {why}')
+        whole = type(sharding.innermost(self.optimizer)) not in sharding.ELEMENT_WISE
+        partition = Partition([int(np.prod(v.shape)) for v in variables], self.exchange.buckets,
+                              self.world_size, whole)  # fmt: skip
+        self.exchange.shards = sharding.Shards(
+            variables, partition, self.rank, self.optimizer, shard == "gradients", whole,
+            self.exchange.compression,
+        )  # fmt: skip
+        self.pending: Arrays | None = None  # a whole state loaded here, not yet handed out
 
     def _compile(self) -> None:
         """A recipe's step's graphs, each traced when first called; one for each way the
@@ -146,7 +161,11 @@ class TensorFlowBackend(Backend):
     def broadcast_state(self, include_optimizer: bool) -> None:
         # Keras 3 variables wrap tf.Variables; Horovod can only assign to the latter. Fresh
         # optimizer slots are zeros on every rank, so broadcasting them always is harmless.
-        variables = self.model.variables + self.optimizer.variables
+        shards = self.exchange.shards
+        if shards is not None:  # each rank's part of the optimizer's state, cut from rank 0's
+            shards.hand_out(self.optimizer.variables, self.pending)
+            self.pending = None
+        variables = self.model.variables + ([] if shards else self.optimizer.variables)
         hvd.broadcast_variables([v.value for v in variables], root_rank=0)
 
     def sync_buffers(self) -> None:
@@ -255,15 +274,16 @@ class TensorFlowBackend(Backend):
         gradients, norm = self.exchange.clipped(gradients, scale)
         variables = self.model.trainable_variables
         if self.l2:
-            decayed = zip(gradients, variables, self.l2, strict=True)
+            decayed = zip(gradients, self.exchange.values(variables), self.l2, strict=True)
             gradients = [g + l2 * scale * v if l2 else g for g, v, l2 in decayed]
         self.optimizer.learning_rate.assign(learning_rate)
-        self.optimizer.apply_own(gradients, variables)
+        self.exchange.apply(self.optimizer, gradients, variables, norm)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             norm = tf.where(tf.math.is_finite(norm), norm, 0.0)  # a skipped step, not a fault
         return norm
 
     def local_step(self, batches: list[Batch], seed: int) -> None:
+        self.measured_unsharded("a step on this rank alone")
         for index, (x, y) in enumerate(batches):
             self._compiled_local(x, y, tf.constant(seed + index, tf.int64))
 
@@ -272,6 +292,7 @@ class TensorFlowBackend(Backend):
         self.optimizer.apply_own(gradients, self.model.trainable_variables)
 
     def gradient_allreduce(self) -> Callable[[], Any]:
+        self.measured_unsharded("the gradients' allreduce alone")
         dtype = self.exchange.compression.dtype or tf.float32
         tensors = [tf.zeros(v.shape, dtype) for v in self.model.trainable_variables]
         # The tensors as arguments: Horovod names its graph ops after their inputs.
@@ -304,7 +325,11 @@ class TensorFlowBackend(Backend):
         slots), keyed by its index in the optimizer's list: Keras's own names hold per-process
         unique layer names."""
         variables = self.optimizer.variables if optimizer else []
-        arrays = {f"{i:04d}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
+        shards = self.exchange.shards
+        if shards is not None and optimizer:  # gathered onto rank 0
+            arrays = shards.arrays(variables)
+        else:
+            arrays = {f"{i:04d}": np.asarray(v.numpy()) for i, v in enumerate(variables)}
         model = self.model
         held = keras_models.weights(model) if weights else {}
         return ModelState(held, keras_models.trained_names(model), arrays)
@@ -312,7 +337,10 @@ class TensorFlowBackend(Backend):
     def load_state(self, weights: Arrays | None = None, optimizer: Arrays | None = None) -> None:
         if weights is not None:
             keras_models.load_weights(self.model, weights)
-        if optimizer is not None:
+        if optimizer is not None and self.exchange.shards is not None:
+            self.exchange.shards.check(optimizer)
+            self.pending = optimizer  # handed out by broadcast_state
+        elif optimizer is not None:
             variables = self.optimizer.variables
             if sorted(optimizer) != [f"{i:04d}" for i in range(len(variables))]:
                 raise ValueError(

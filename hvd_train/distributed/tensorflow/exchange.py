@@ -10,7 +10,7 @@ gradients, inside the step's graph, where each starts as soon as its gradients a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import horovod.tensorflow as hvd
 import keras
@@ -18,6 +18,9 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_train.distributed.overlap import buckets
+
+if TYPE_CHECKING:
+    from hvd_train.distributed.tensorflow.sharding import Shards
 
 # The dtype each `[horovod] compression` sends gradients as (None: as they are).
 TRAVEL_DTYPES = {"none": None, "fp16": tf.float16, "bf16": tf.bfloat16}
@@ -57,6 +60,13 @@ class Exchange:
         self.totals = [tf.Variable(tf.zeros_like(v), trainable=False)
                        for v in variables if passes > 1]  # fmt: skip
         self.count = tf.Variable(0, trainable=False, dtype=tf.int64)
+        # With `[horovod] shard`, this rank's part of the training state (set by the backend).
+        self.shards: Shards | None = None
+
+    @property
+    def scattered(self) -> bool:
+        """Whether the gradients arrive as this rank's pieces (shard = "gradients")."""
+        return self.shards is not None and self.shards.scattered
 
     def average(
         self, gradients: list[tf.Tensor], control: tf.Tensor | None, groups: list[list[int]]
@@ -64,9 +74,15 @@ class Exchange:
         """The gradients averaged over the ranks in one grouped allreduce per group (one
         negotiation each), the `control` values in the last. Horovod's grouped op takes one
         dtype, so under compression the control values, which travel at full precision, take
-        an allreduce of their own. Alone, nothing travels."""
+        an allreduce of their own. Alone, nothing travels. With shard = "gradients", each
+        bucket is reduce-scattered instead, and this rank's pieces of the averages come back
+        (`Shards.cut`'s)."""
         if self.world_size == 1:
             return gradients, control
+        if self.shards is not None and self.shards.scattered:
+            if control is not None:
+                control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
+            return self.shards.scatter(gradients), control
         averaged = list(gradients)
         with_control = control is not None and self.compression.dtype is None
         with tf.name_scope("hvd_train.step"):
@@ -86,12 +102,35 @@ class Exchange:
 
     def clipped(self, gradients: list[tf.Tensor], scale: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
         """The averaged gradients clipped to `clip_norm`, and their norm before clipping; under
-        fp16-mixed they are still multiplied by the loss `scale`."""
-        norm = tf.linalg.global_norm(gradients) / scale
+        fp16-mixed they are still multiplied by the loss `scale`. Sharded, this rank's pieces
+        of them (`Shards.cut`'s), and the norm over every rank's."""
+        shards = self.shards
+        if shards is not None and shards.scattered:
+            norm = shards.norm(gradients) / scale
+        else:
+            norm = tf.linalg.global_norm(gradients) / scale
+        if shards is not None and not shards.scattered:
+            gradients = shards.cut(gradients)
         if self.clip_norm:
             gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm * scale,
                                                   use_norm=norm * scale)  # fmt: skip
         return gradients, norm
+
+    def values(self, variables: list[Any]) -> list[Any]:
+        """The `variables`' values as `clipped` gives their gradients: whole, or, sharded, this
+        rank's pieces."""
+        if self.shards is not None:
+            return self.shards.cut([v.value for v in variables])
+        return variables
+
+    def apply(self, optimizer: Any, gradients: list[tf.Tensor], variables: list[Any],
+              norm: tf.Tensor) -> Any:  # fmt: skip
+        """The optimizer's own update with the averaged (and clipped) `gradients`, of the
+        `variables`, or, sharded, of this rank's pieces, which then reach every rank;
+        `norm`: the gradients' norm, finite where no rank's part overflowed."""
+        if self.shards is None:
+            return optimizer.apply_own(gradients, variables)
+        return self.shards.apply(optimizer, gradients, tf.math.is_finite(norm))
 
 
 def loss_scale(optimizer: keras.optimizers.Optimizer) -> Any:
@@ -109,6 +148,9 @@ class DistributedOptimizer:
     pass's loss by `passes` for their mean). The optimizer stays the same object."""
 
     _exchange: Exchange
+    # Sharded, whether every rank's part of the gradients was finite: what a LossScaleOptimizer
+    # checks, where its own check would see this rank's part only.
+    agreed_finite: tf.Tensor | None = None
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         # An embedding's gradient comes as IndexedSlices: made dense, it adds up and travels in
@@ -133,12 +175,18 @@ class DistributedOptimizer:
     def _averaged_apply(self, gradients: list[tf.Tensor], trainable_variables: Any) -> Any:
         exchange = self._exchange
         averaged, _ = exchange.average(gradients, None, exchange.groups)
-        clipped, _ = exchange.clipped(averaged, loss_scale(self))
-        return self.apply_own(clipped, trainable_variables)
+        clipped, norm = exchange.clipped(averaged, loss_scale(self))
+        return exchange.apply(self, clipped, trainable_variables, norm)
 
     def apply_own(self, grads: Any, trainable_variables: Any = None) -> Any:
         """The optimizer's own apply: gradients already averaged."""
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
+
+    def check_finite(self, grads: Any) -> Any:
+        """A LossScaleOptimizer's check: sharded, every rank's part's (`agreed_finite`)."""
+        if self.agreed_finite is not None:
+            return self.agreed_finite
+        return super().check_finite(grads)  # type: ignore[misc]
 
 
 def distribute(optimizer: keras.optimizers.Optimizer, exchange: Exchange) -> None:

@@ -260,7 +260,7 @@ class TorchBackend(Backend):
                           computed - started, synced - computed, hide)  # fmt: skip
 
     def local_step(self, batches: list[Batch], seed: int) -> None:
-        self._unsharded("a step on this rank alone")
+        self.measured_unsharded("a step on this rank alone")
         parameters = [p for _, p in self.net.trainable()]
         totals: list[torch.Tensor] = [torch.zeros_like(p) for p in parameters]
         for index, (x, y) in enumerate(batches):
@@ -275,16 +275,8 @@ class TorchBackend(Backend):
             self.optimizer.step()
         self.exchange.clear()
 
-    def _unsharded(self, what: str) -> None:
-        if self.sharded:
-            raise UsageError(
-                f"{what} (hvd-train bench) is measured unsharded: bench the recipe with --set "
-                'horovod.shard="none"',
-                every_rank=True,
-            )
-
     def gradient_allreduce(self) -> Callable[[], Any]:
-        self._unsharded("the gradients' allreduce alone")
+        self.measured_unsharded("the gradients' allreduce alone")
         assert isinstance(self.exchange, gradients.Exchange)
         flat = torch.zeros_like(self.exchange.flat, dtype=self.exchange.travel)
         return lambda: hvd.allreduce_(flat, op=hvd.Average, name="hvd_train.bench")
