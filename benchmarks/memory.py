@@ -12,17 +12,19 @@ are the page cache, shared and given back under pressure; a memory-mapped array'
 batch touched, and the kernel's read-around with them, count as resident).
 
 `state`: the training state sharded (`[horovod] shard`): a model of about 100 M parameters
-under AdamW (benchmarks/sharded_model.py), a few steps then a checkpoint, at np=2 and np=3 under
-each shard setting: each rank's peak resident memory after the steps and after saving, and the
-bytes of training state it holds. glibc's allocator keeps buffers the process freed unless they
-were mapped alone, so every run maps buffers of 1 MB and more alone
-(MALLOC_MMAP_THRESHOLD_): the figures are what the process holds, not what it once held.
+under AdamW (benchmarks/sharded_model.py), a few steps then a checkpoint, under each framework
+at np=2 and np=3 under each shard setting: each rank's peak resident memory after the steps and
+after saving, and the bytes of training state it holds. glibc's allocator keeps buffers the
+process freed unless they were mapped alone, so every run maps buffers of 1 MB and more alone
+(MALLOC_MMAP_THRESHOLD_), and TensorFlow's oneDNN kernels, which keep their own pool of freed
+buffers, growing in ever larger regions, are off (TF_ENABLE_ONEDNN_OPTS=0): the figures are
+what the process holds, not what it once held.
 Targets: "optimizer" lowers each rank's peak by at least 0.8 x (1 - 1/N) x the optimizer
 state's bytes against "none", "gradients" by at least 0.8 x (1 - 1/N) x the gradients' bytes
 more, and saving raises no rank's peak above the unsharded run's.
 
     python -m benchmarks.memory [data] [--steps 100] [--large-gb 4] [--json]
-    python -m benchmarks.memory state [--ranks 2,3] [--json]
+    python -m benchmarks.memory state [--frameworks torch,tensorflow] [--ranks 2,3] [--json]
 """
 
 from __future__ import annotations
@@ -116,12 +118,14 @@ SHARDS = ("none", "optimizer", "gradients")
 TARGET_SHARE = 0.8  # of the bytes a stage stops holding, by which its peak must fall
 
 
-def state_memory(ranks: int, shard: str) -> list[dict[str, int]]:
+def state_memory(framework: str, ranks: int, shard: str) -> list[dict[str, int]]:
     """Per rank: its peaks and the training state it holds (benchmarks/sharded_model.py)."""
     with tempfile.TemporaryDirectory() as output:
         command = [str(BIN / "horovodrun"), "-np", str(ranks), "--gloo", PYTHON,
-                   str(ROOT / "benchmarks" / "sharded_model.py"), shard, output]  # fmt: skip
-        environment = os.environ | {"MALLOC_MMAP_THRESHOLD_": str(2**20)}
+                   str(ROOT / "benchmarks" / "sharded_model.py"), framework, shard,
+                   output]  # fmt: skip
+        environment = os.environ | {"MALLOC_MMAP_THRESHOLD_": str(2**20),
+                                    "TF_ENABLE_ONEDNN_OPTS": "0"}  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True, env=environment,
                                 cwd=ROOT, timeout=1800)  # fmt: skip
     line = next((line for line in result.stdout.splitlines() if "STATE " in line), None)
@@ -130,11 +134,11 @@ def state_memory(ranks: int, shard: str) -> list[dict[str, int]]:
     return list(json.loads(line.split("STATE ", 1)[1]))
 
 
-def state(ranks: list[int]) -> dict[str, Any]:
-    """Each stage's figures at each world size, and whether the targets hold."""
+def state(frameworks: list[str], ranks: list[int]) -> dict[str, Any]:
+    """Each stage's figures per framework at each world size, and whether the targets hold."""
     rows = []
-    for world in ranks:
-        held = {shard: state_memory(world, shard) for shard in SHARDS}
+    for framework, world in ((f, n) for f in frameworks for n in ranks):
+        held = {shard: state_memory(framework, world, shard) for shard in SHARDS}
         whole = held["none"][0]
         share = TARGET_SHARE * (1 - 1 / world)
         wanted = {"none": 0.0, "optimizer": share * whole["optimizer"]}
@@ -145,7 +149,8 @@ def state(ranks: list[int]) -> dict[str, Any]:
             saving = [b["peak_saving"] <= a["peak_saving"]
                       for a, b in zip(held["none"], figures, strict=True)]  # fmt: skip
             rows.append({
-                "ranks": world, "shard": shard, "parameters": whole["parameters"],
+                "framework": framework, "ranks": world, "shard": shard,
+                "parameters": whole["parameters"],
                 "held_bytes": [{key: rank[key] for key in ("weights", "gradients", "optimizer")}
                                for rank in figures],
                 "peak_training_mb": [round(rank["peak_training"] / 2**20) for rank in figures],
@@ -163,17 +168,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--large-gb", type=float, default=4.0, help="the large set's size")
     parser.add_argument("--ranks", default="2,3", help="the world sizes the state runs at")
+    parser.add_argument("--frameworks", default="torch,tensorflow",
+                        help="the frameworks the state runs under")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if args.what == "state":
-        result = state([int(n) for n in args.ranks.split(",")])
+        result = state(args.frameworks.split(","), [int(n) for n in args.ranks.split(",")])
         if args.json:
             print(json.dumps(result, indent=2))
             return
         for row in result["rows"]:
             held = ", ".join("/".join(str(round(rank[k] / 2**20)) for rank in row["held_bytes"])
                              for k in ("weights", "gradients", "optimizer"))  # fmt: skip
-            print(f"np={row['ranks']} shard={row['shard']:9s} peak MB per rank "
+            print(f"{row['framework']} np={row['ranks']} shard={row['shard']:9s} peak MB per rank "
                   f"{row['peak_training_mb']} (saving {row['peak_saving_mb']}), lowered "
                   f"{row['lowered_mb']} (target {row['target_mb']}): "
                   f"{'met' if row['met'] else 'NOT met'}; held MB (weights, gradients, "

@@ -339,7 +339,8 @@ def sharding_memory() -> str:
     for row in figures["rows"]:
         held = [round(row["held_bytes"][0][key] / 2**20)
                 for key in ("weights", "gradients", "optimizer")]  # fmt: skip
-        rows.append([str(row["ranks"]), f'`"{row["shard"]}"`', " / ".join(map(str, held)),
+        rows.append([row["framework"], str(row["ranks"]), f'`"{row["shard"]}"`',
+                     " / ".join(map(str, held)),
                      ", ".join(map(str, row["peak_training_mb"])),
                      ", ".join(map(str, row["lowered_mb"])), str(row["target_mb"]),
                      ", ".join(map(str, row["peak_saving_mb"])),
@@ -348,45 +349,56 @@ def sharding_memory() -> str:
     return "\n".join([
         f"`python -m benchmarks.memory state` ({when(figures)}; "
         "`docs/results/sharding-memory.json`): a model of "
-        f"{parameters / 1e6:.1f} M parameters under AdamW, three steps then a checkpoint, at each "
-        "world size and shard setting. Held: rank 0's weights, gradients and optimizer state "
-        "(MB); the peak resident memory of each rank after the steps and after saving (MB); "
+        f"{parameters / 1e6:.1f} M parameters under AdamW, three steps then a checkpoint, under "
+        "each framework at each world size and shard setting. Held: rank 0's weights (under "
+        "TensorFlow with its copies of its pieces), gradients and optimizer state (MB); the "
+        "peak resident memory of each rank after the steps and after saving (MB); "
         "how far the peak fell against `\"none\"`, and the target (0.8 x (1 - 1/N) x the "
         "bytes a stage stops holding; met where every rank's fell that far and no rank's "
         "saving peak rose above the unsharded run's):", "",
-        table(["ranks", "shard", "held", "peak", "lowered", "target", "peak saving", "met"],
-              rows), "",
+        table(["framework", "ranks", "shard", "held", "peak", "lowered", "target", "peak saving",
+               "met"], rows), "",
     ])  # fmt: skip
 
 
 def sharding_largest() -> str:
     """docs/sharding.md's table: the largest model each setting trains within a rank's memory,
-    from the bytes a parameter that the state benchmark measured."""
+    per framework, from the bytes a parameter that the state benchmark measured."""
     figures = results("sharding-memory")
-    whole = next(row for row in figures["rows"] if row["shard"] == "none")
-    parameters = whole["parameters"]
-    weights, gradients, optimizer = (whole["held_bytes"][0][key] / parameters
-                                     for key in ("weights", "gradients", "optimizer"))  # fmt: skip
-    shares = {"none": (1, 1), "optimizer": (1, 0), "gradients": (0, 0)}  # whole grads, state
-
-    def per_parameter(shard: str, ranks: int) -> float:
-        whole_gradients, whole_state = shares[shard]
-        return (weights + gradients / (1 if whole_gradients else ranks)
-                + optimizer / (1 if whole_state else ranks))  # fmt: skip
-
-    rows = [[f'`"{shard}"`', *(f"{per_parameter(shard, n):.2f}" for n in (8, 64)),
-             *(f"{memory * 2**30 / per_parameter(shard, n) / 1e9:.1f} B"
-               for memory in (24, 80) for n in (8, 64))]
-            for shard in shares]  # fmt: skip
+    rows, measured = [], []
+    for framework in dict.fromkeys(row["framework"] for row in figures["rows"]):
+        ran = {row["shard"]: row for row in figures["rows"]
+               if row["framework"] == framework and row["ranks"] == 2}  # fmt: skip
+        parameters = ran["none"]["parameters"]
+        held = {key: ran["none"]["held_bytes"][0][key] / parameters
+                for key in ("weights", "gradients", "optimizer")}  # fmt: skip
+        # TensorFlow's copies of a rank's pieces: the weights a sharded rank holds beyond them.
+        held["copies"] = 2 * (ran["optimizer"]["held_bytes"][0]["weights"] / parameters
+                              - held["weights"])  # fmt: skip
+        measured.append(f"{framework}: " + ", ".join(f"{value:.2f} {key}"
+                                                    for key, value in held.items()))  # fmt: skip
+        for shard in ("none", "optimizer", "gradients"):
+            needs = [_bytes_per_parameter(held, shard, n) for n in (8, 64)]
+            rows.append([framework, f'`"{shard}"`', *(f"{value:.2f}" for value in needs),
+                         *(f"{memory * 2**30 / value / 1e9:.1f} B"
+                           for memory in (24, 80) for value in needs)])  # fmt: skip
     return "\n".join([
-        f"From the bytes a parameter measured above ({weights:.2f} weights, {gradients:.2f} "
-        f"gradients, {optimizer:.2f} optimizer state under AdamW in fp32; each sharded part "
-        "held 1/N of it at N = 2 and 3), the bytes a parameter each rank holds, and the largest "
-        "model whose training state fits in a rank's memory, at 8 and 64 ranks (activations, "
-        "the framework's own memory and the exchange's buffers left out):", "",
-        table(["shard", "bytes/param, 8 ranks", "64 ranks", "24 GiB, 8 ranks", "24 GiB, 64",
-               "80 GiB, 8", "80 GiB, 64"], rows), "",
+        f"From the bytes a parameter measured above at two ranks ({'; '.join(measured)}; under "
+        "AdamW in fp32), the bytes a parameter each rank holds, and the largest model whose "
+        "training state fits in a rank's memory, at 8 and 64 ranks (activations, the "
+        "framework's own memory and the exchange's buffers left out):", "",
+        table(["framework", "shard", "bytes/param, 8 ranks", "64 ranks", "24 GiB, 8 ranks",
+               "24 GiB, 64", "80 GiB, 8", "80 GiB, 64"], rows), "",
     ])  # fmt: skip
+
+
+def _bytes_per_parameter(held: dict[str, float], shard: str, ranks: int) -> float:
+    """What a rank holds a parameter under `shard` at `ranks`, from the unsharded bytes `held`
+    (weights, gradients, optimizer) and the sharded run's copies of its pieces."""
+    if shard == "none":
+        return held["weights"] + held["gradients"] + held["optimizer"]
+    gradients = held["gradients"] / (ranks if shard == "gradients" else 1)
+    return held["weights"] + gradients + (held["optimizer"] + held["copies"]) / ranks
 
 
 def against() -> str:
