@@ -25,22 +25,29 @@ class Piece:
 
 class Partition:
     """Each bucket's cuts: rank r holds elements [cuts[b][r], cuts[b][r + 1]) of bucket b.
-    `whole`: cuts only at parameters' edges. `widths[b]`: the longest cut, which every cut is
-    padded to where bucket b is reduce-scattered."""
+    `whole`: cuts only at parameters' edges, and where they fall evens out what each rank holds
+    over all the buckets (a bucket of one large parameter goes whole to the rank that holds
+    least so far). `widths[b]`: the longest cut, which every cut is padded to where bucket b is
+    reduce-scattered."""
 
     def __init__(self, sizes: list[int], buckets: list[list[int]], ranks: int,
                  whole: bool) -> None:  # fmt: skip
         self.sizes, self.buckets, self.ranks = sizes, buckets, ranks
         self.starts: list[dict[int, int]] = []  # per bucket, each parameter's first element
         self.cuts: list[list[int]] = []
+        held = [0] * ranks  # with `whole`, what each rank holds of the buckets cut so far
         for indices in buckets:
             edges = np.cumsum([0, *(sizes[i] for i in indices)]).tolist()
             self.starts.append(dict(zip(indices, edges, strict=False)))
             total = edges[-1]
-            # As even as can be (the first total % ranks one element longer), then moved.
-            even = [r * (total // ranks) + min(r, total % ranks) for r in range(ranks + 1)]
-            place = _nearest if whole else _aligned
-            self.cuts.append([place(edges, cut) for cut in even])
+            if whole:
+                cuts = [_nearest(edges, cut) for cut in _evening(held, total)]
+                held = [h + b - a for h, a, b in zip(held, cuts, cuts[1:], strict=False)]
+            else:
+                # As even as can be (the first total % ranks one element longer), then moved.
+                even = [r * (total // ranks) + min(r, total % ranks) for r in range(ranks + 1)]
+                cuts = [_aligned(edges, cut) for cut in even]
+            self.cuts.append(cuts)
         self.widths = [max(1, *np.diff(cuts).tolist()) for cuts in self.cuts]
         self.offsets = np.cumsum([0, *self.widths]).tolist()  # each bucket's cut in a shard
         # Each bucket's place in all the gradients end to end (the exchange's flat buffer).
@@ -70,6 +77,17 @@ def _aligned(edges: list[int], cut: int) -> int:
     return min(start + round((cut - start) / ALIGNMENT) * ALIGNMENT, end)
 
 
-def _nearest(edges: list[int], cut: int) -> int:
+def _evening(held: list[int], total: int) -> list[float]:
+    """Where `total` more elements would be cut so that each rank, holding `held` so far,
+    comes as near the same as can be: those below the mean are given what they lack."""
+    if total == 0:
+        return [0.0] * (len(held) + 1)
+    goal = (sum(held) + total) / len(held)
+    lacking = [max(0.0, goal - h) for h in held]
+    share = [total * lack / sum(lacking) for lack in lacking]
+    return [float(x) for x in np.cumsum([0.0, *share])]
+
+
+def _nearest(edges: list[int], cut: float) -> int:
     """The parameters' edge nearest to `cut` (the lower of two as near)."""
     return min(edges, key=lambda edge: (abs(edge - cut), edge))

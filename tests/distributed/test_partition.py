@@ -1,6 +1,7 @@
 """How a sharded run cuts the buckets among the ranks (`Partition`): every element of every
 bucket held by one rank; element-wise cuts near the even ones, on multiples of 64 elements into
-their parameter; whole-tensor cuts at parameters' edges only."""
+their parameter; whole-tensor cuts at parameters' edges only, evening out what each rank holds
+over all the buckets."""
 
 import pytest
 
@@ -46,8 +47,16 @@ def test_element_wise_cuts_are_near_even_and_aligned_within_their_parameter():
         assert (at - owner[0]) % 64 == 0
 
 
-def test_whole_tensor_cuts_fall_at_the_edges_nearest_the_even_ones():
+def test_whole_tensor_cuts_even_out_what_each_rank_holds_over_the_buckets():
     cut = partition(2, whole=True)
-    # Bucket 1: 130, 1000 and 9 elements; the even cut, 569.5, is nearest the edge at 130.
-    assert cut.cuts[1] == [0, 130, 1139]
-    assert cut.widths[1] == 1009
+    # Bucket 0: 4096, 5 and 70,000 elements; the even cut, 37,050.5, is nearest the edge at
+    # 4101, so rank 1 holds 70,000 of them. Bucket 1 (1139 elements) then goes whole to rank 0.
+    assert cut.cuts == [[0, 4101, 74101], [0, 1139, 1139]]
+    assert cut.widths[1] == 1139
+    # Buckets of one large tensor each (a transformer's, a wide MLP's) go to the ranks in turn,
+    # not all to one.
+    from hvd_train.distributed.sharding import Partition
+
+    lone = Partition([1000] * 12, [[i] for i in range(12)], 3, whole=True)
+    held = [sum(p.stop - p.start for pieces in lone.pieces(r) for p in pieces) for r in range(3)]
+    assert held == [4000, 4000, 4000]

@@ -79,7 +79,7 @@ class Exchange:
         (`Shards.cut`'s)."""
         if self.world_size == 1:
             return gradients, control
-        if self.shards is not None and self.shards.scattered:
+        if self.shards is not None and self.scattered:
             if control is not None:
                 control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
             return self.shards.scatter(gradients), control
@@ -105,11 +105,11 @@ class Exchange:
         fp16-mixed they are still multiplied by the loss `scale`. Sharded, this rank's pieces
         of them (`Shards.cut`'s), and the norm over every rank's."""
         shards = self.shards
-        if shards is not None and shards.scattered:
+        if shards is not None and self.scattered:
             norm = shards.norm(gradients) / scale
         else:
             norm = tf.linalg.global_norm(gradients) / scale
-        if shards is not None and not shards.scattered:
+        if shards is not None and not self.scattered:
             gradients = shards.cut(gradients)
         if self.clip_norm:
             gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm * scale,

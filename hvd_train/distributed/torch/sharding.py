@@ -11,10 +11,11 @@ parameters' elements end to end, in the order the backward pass fills them). An 
 optimizer (SGD, Adam, ...) updates a cut parameter's piece exactly as it would the whole, so
 the cuts fall near even ones, on a multiple of 64 elements into their parameter; any other
 (LAMB takes a whole tensor's norm) gets whole parameters, the cuts falling at the parameters'
-edges nearest to even ones. Where a bucket is reduce-scattered, each cut is padded to the
-longest (Horovod splits a tensor evenly). The optimizer the loop made stays the loop's object:
-its groups hold this rank's pieces instead of the parameters (views of them, so its update
-lands in the model), and a schedule made for it goes on working. docs/sharding.md says more.
+edges that even out what each rank holds over all the buckets. Where a bucket is
+reduce-scattered, each cut is padded to the longest (Horovod splits a tensor evenly). The
+optimizer the loop made stays the loop's object: its groups hold this rank's pieces instead of
+the parameters (views of them, so its update lands in the model), and a schedule made for it
+goes on working. docs/sharding.md says more.
 """
 
 from __future__ import annotations
