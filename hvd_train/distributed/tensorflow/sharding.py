@@ -220,8 +220,8 @@ class Shards:
         partition = self.partition
         assigned: list[Any] = []
         for bucket, pieces in enumerate(self.held):
-            # Holding none of the bucket, this rank sends a stand-in's nothing (not a constant:
-            # `cut`).
+            # Holding none of the bucket, this rank sends a stand-in's nothing: a variable's
+            # value, not a constant (`cut` says why).
             indices = [p.index for p in pieces] or partition.buckets[bucket][:1]
             with tf.control_dependencies(assigned):
                 sent = tf.concat([tf.reshape(self.tensors[i].value, [-1]) for i in indices], 0)
