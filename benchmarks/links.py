@@ -2,6 +2,7 @@
 
     sudo .venv/bin/python -m benchmarks.links [--recipe resnet18] [--links 10,1] [--steps 12]
                                               [--repeats 2] [--json] [--chart FILE.png]
+                                              [--sharding]
 
 Two hosts in network namespaces (`benchmarks.hosts`), one rank each, each host's sending
 rate-limited by a `tc` token bucket to each link speed, train the recipe on synthetic data of its
@@ -20,6 +21,18 @@ shape, one system after another:
                           torch bench's second phase; `tensorflow_limit` likewise)
   ddp_limit               DDP's own steps under `no_sync`, sending nothing: with `limit`, it
                           tells a slower exchange from slower passes
+
+With --sharding, the sharded systems instead, each stage beside torch's system of the same
+stage, and hvd_train, ddp and tensorflow of the same round (the results go to
+docs/results/links-sharding.json):
+
+  hvd_train_optimizer     `hvd-train bench` with `horovod.shard="optimizer"` (ZeRO-1)
+  zero                    DDP with torch's ZeroRedundancyOptimizer (ZeRO-1)
+  hvd_train_gradients     `hvd-train bench` with `horovod.shard="gradients"` (ZeRO-2)
+  fsdp2                   torch's FSDP2, `fully_shard` per residual block and on the model,
+                          no reshard after forward (ZeRO-2); its SGD in torch's foreach form
+  tensorflow_optimizer,   the TensorFlow stages
+  tensorflow_gradients
 
 Every system sees the same model, data, batch per rank and optimizer, one thread per rank (the
 two hosts share this machine's cores). Each figure is the best of --repeats rounds, and each
@@ -53,6 +66,11 @@ TOLERANCE = 0.15  # how far a projection may be from the shaped runs' figure
 RDZV_PORT = 29511
 SYSTEMS = ("hvd_train", "hvd_train_no_overlap", "hvd_train_bf16", "ddp", "ddp_bf16",
            "tensorflow")  # fmt: skip
+# Each stage: hvd_train's torch run, torch's own system, hvd_train's TensorFlow run.
+STAGES = {"optimizer": ("hvd_train_optimizer", "zero", "tensorflow_optimizer"),
+          "gradients": ("hvd_train_gradients", "fsdp2", "tensorflow_gradients")}  # fmt: skip
+SHARDED = tuple(name for systems in STAGES.values() for name in systems)
+STAGES_TORCH = tuple(name for name in SHARDED if not name.startswith("tensorflow"))
 LIMITS = {name: "tensorflow_limit" if name == "tensorflow" else "limit" for name in SYSTEMS}
 # The two hosts share this machine's cores: one each, as the ranks of np=2 take them here.
 ONE_THREAD = {"HVD_TRAIN_THREADS": "1", "THREADS": "1"}
@@ -84,10 +102,11 @@ def bench(hosts: Hosts, recipe: str, steps: int, extra: list[str]) -> dict[str, 
     return figures
 
 
-def ddp(hosts: Hosts, recipe: str, steps: int, mode: str = "ddp") -> dict[str, float]:
-    """DDP's images/s, and its own limit (no_sync): torchrun on each host (inside its
-    namespace), c10d rendezvous at the first host, Gloo over the hosts' link; `mode`
-    "ddp_bf16" sends bf16."""
+def torchrun(hosts: Hosts, recipe: str, steps: int, mode: str = "ddp") -> dict[str, float]:
+    """A torch system's figures (`benchmarks.torch_baselines` MODE: DDP's images/s and its own
+    limit under no_sync; "ddp_bf16" sends bf16; "zero" and "fsdp2" shard): torchrun on each
+    host (inside its namespace), c10d rendezvous at the first host, Gloo over the hosts'
+    link."""
     jobs, gloo = [], environment() | {"GLOO_SOCKET_IFNAME": "eth0"}
     for number, (namespace, address) in enumerate(
         zip(hosts.namespaces, HOSTS.values(), strict=True)
@@ -112,9 +131,11 @@ def parts(figures: dict[str, Any], global_batch: int) -> dict[str, float]:
     if "step_ms" in figures:  # hvd-train bench
         return {key: figures[key] for key in
                 ("step_ms", "local_step_ms", "t_comp_ms", "t_sync_ms", "t_other_ms")}  # fmt: skip
-    step, local = figures["images_per_second"], figures["local_images_per_second"]
-    return {"step_ms": round(1000 * global_batch / step, 2),
-            "local_step_ms": round(1000 * global_batch / local, 2)}  # fmt: skip
+    step = {"step_ms": round(1000 * global_batch / figures["images_per_second"], 2)}
+    if "local_images_per_second" not in figures:  # zero, fsdp2
+        return step
+    return step | {"local_step_ms": round(1000 * global_batch / figures["local_images_per_second"],
+                                          2)}  # fmt: skip
 
 
 def round_of(hosts: Hosts, recipe: str, steps: int) -> dict[str, Any]:
@@ -124,8 +145,8 @@ def round_of(hosts: Hosts, recipe: str, steps: int) -> dict[str, Any]:
     no_overlap = bench(hosts, recipe, steps, ["--set", "overlap=false"])
     overlap_on = bench(hosts, recipe, steps, ["--set", "overlap=true"])
     bf16 = bench(hosts, recipe, steps, ["--set", "compression=bf16"])
-    plain = ddp(hosts, recipe, steps)
-    plain_bf16 = ddp(hosts, recipe, steps, "ddp_bf16")
+    plain = torchrun(hosts, recipe, steps)
+    plain_bf16 = torchrun(hosts, recipe, steps, "ddp_bf16")
     tensorflow = bench(hosts, recipe, steps, ["--framework", "tensorflow"])
     batch = torch["global_batch"]
     return {
@@ -145,6 +166,26 @@ def round_of(hosts: Hosts, recipe: str, steps: int) -> dict[str, Any]:
         "parts": {name: parts(figures, batch) for name, figures in
                   (("hvd_train", torch), ("hvd_train_no_overlap", no_overlap),
                    ("hvd_train_bf16", bf16), ("ddp", plain), ("ddp_bf16", plain_bf16))},
+    }  # fmt: skip
+
+
+def sharding_round(hosts: Hosts, recipe: str, steps: int) -> dict[str, Any]:
+    """One round of the sharded systems, and of the unsharded ones they are set against, on the
+    link as it is shaped now: images/s by name, and where the torch systems' time went."""
+    tensorflow = ["--framework", "tensorflow"]
+    figures = {"hvd_train": bench(hosts, recipe, steps, []),
+               "ddp": torchrun(hosts, recipe, steps),
+               "tensorflow": bench(hosts, recipe, steps, tensorflow)}  # fmt: skip
+    for stage, (ours, theirs, keras) in STAGES.items():
+        shard = ["--set", f'horovod.shard="{stage}"']
+        figures[ours] = bench(hosts, recipe, steps, shard)
+        figures[theirs] = torchrun(hosts, recipe, steps, theirs)
+        figures[keras] = bench(hosts, recipe, steps, [*shard, *tensorflow])
+    batch = figures["hvd_train"]["global_batch"]
+    return {
+        **{name: system["images_per_second"] for name, system in figures.items()},
+        "parts": {name: parts(figures[name], batch)
+                  for name in ("hvd_train", "ddp", *STAGES_TORCH)},
     }  # fmt: skip
 
 
@@ -183,6 +224,23 @@ def summary(gbit: float, rounds: list[dict[str, Any]], bare: dict[str, Any]) -> 
         "hvd_train": max(f["efficiency"] for f in rounds),
         "hvd_train_no_overlap": max(f["efficiency_no_overlap"] for f in rounds),
     }
+    return row
+
+
+def sharding_summary(gbit: float, rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The best of the sharding rounds at one link speed, and each stage against hvd_train
+    unsharded (the same framework's) and against torch's system of the stage (targets: >= 0.95
+    and >= 1.0), the best of the ratios taken within one round."""
+    row: dict[str, Any] = {"gbit_s": gbit}
+    for name in ("hvd_train", "ddp", "tensorflow", *SHARDED):
+        row[name] = max(f[name] for f in rounds)
+    for stage, (ours, theirs, keras) in STAGES.items():
+        row[stage] = {
+            "vs_unsharded": round(max(f[ours] / f["hvd_train"] for f in rounds), 3),
+            "vs_torch": round(max(f[ours] / f[theirs] for f in rounds), 3),
+            "tensorflow_vs_unsharded": round(max(f[keras] / f["tensorflow"] for f in rounds), 3),
+            "torch_vs_ddp": round(max(f[theirs] / f["ddp"] for f in rounds), 3),
+        }
     return row
 
 
@@ -238,6 +296,39 @@ def table(figures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def sharding_table(figures: dict[str, Any]) -> str:
+    lines = [f"{figures['recipe']} on two hosts, one rank each, sharded; images/s, best of "
+             f"{figures['repeats']}, and the best ratio within one round against hvd_train "
+             f"unsharded (the same framework's) and torch's system of the stage; "
+             f"{figures['machine']}"]  # fmt: skip
+    for row in figures["links"]:
+        lines.append(f"  {row['gbit_s']:g} Gbit/s: hvd_train {row['hvd_train']:.1f}, DDP "
+                     f"{row['ddp']:.1f}, tensorflow {row['tensorflow']:.1f}")  # fmt: skip
+        for stage, (ours, theirs, keras) in STAGES.items():
+            ratios = row[stage]
+            lines.append(f"    {stage:>10}: {ours} {row[ours]:.1f} ({ratios['vs_unsharded']:.2f}x "
+                         f"unsharded, {ratios['vs_torch']:.2f}x {theirs} {row[theirs]:.1f}); "
+                         f"{keras} {row[keras]:.1f} "
+                         f"({ratios['tensorflow_vs_unsharded']:.2f}x unsharded)")  # fmt: skip
+    return "\n".join(lines)
+
+
+def sharding(args: argparse.Namespace, links: list[float]) -> None:
+    """--sharding: the rounds of the sharded systems only, printed."""
+    rounds: dict[float, list[dict[str, Any]]] = {gbit: [] for gbit in links}
+    with tempfile.TemporaryDirectory() as work, two_hosts(Path(work)) as hosts:
+        for _ in range(args.repeats):  # interleaved, so that slow spells hit every link
+            for gbit in links:
+                shape(hosts, gbit)
+                rounds[gbit].append(sharding_round(hosts, args.recipe, args.steps))
+        shape(hosts, None)
+    figures = {"recipe": args.recipe, "machine": machine(), "repeats": args.repeats,
+               "steps": args.steps,
+               "links": [sharding_summary(gbit, rounds[gbit]) for gbit in links],
+               "rounds": {f"{gbit:g}": rounds[gbit] for gbit in links}}  # fmt: skip
+    print(json.dumps(figures, indent=2) if args.json else sharding_table(figures))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="resnet18")
@@ -246,11 +337,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--chart", type=Path, help="draw each system's share of the limit here")
+    parser.add_argument("--sharding", action="store_true",
+                        help="the sharded systems, against unsharded and torch's")  # fmt: skip
     args = parser.parse_args()
     reason = cannot_make_hosts()
     if reason:
         sys.exit(f"benchmarks.links: {reason}")
     links = [float(gbit) for gbit in args.links.split(",")]
+    if args.sharding:
+        sharding(args, links)
+        return
     rounds: dict[float, list[dict[str, Any]]] = {gbit: [] for gbit in links}
     copied = copies.measure(args.recipe, steps=3)
     with tempfile.TemporaryDirectory() as work, two_hosts(Path(work)) as hosts:

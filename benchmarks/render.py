@@ -401,6 +401,60 @@ def _bytes_per_parameter(held: dict[str, float], shard: str, ranks: int) -> floa
     return held["weights"] + gradients + (held["optimizer"] + held["copies"]) / ranks
 
 
+def sharding_speed() -> str:
+    """docs/sharding.md's table: each stage against unsharded and torch's system, per link."""
+    figures = results("links-sharding")
+    rows = []
+    for row in figures["links"]:
+        for stage, theirs in (("optimizer", "zero"), ("gradients", "fsdp2")):
+            ratios = row[stage]
+            met = ratios["vs_unsharded"] >= 0.95 and ratios["vs_torch"] >= 1.0
+            rows.append([f"{row['gbit_s']:g} Gbit/s", f'`"{stage}"`',
+                         f"{row[f'hvd_train_{stage}']:.1f}", f"{row['hvd_train']:.1f}",
+                         f"{ratios['vs_unsharded']:.2f}x", f"{theirs} {row[theirs]:.1f}",
+                         f"{ratios['vs_torch']:.2f}x", "yes" if met else "**no**",
+                         f"{row[f'tensorflow_{stage}']:.1f} / {row['tensorflow']:.1f}",
+                         f"{ratios['tensorflow_vs_unsharded']:.2f}x"])  # fmt: skip
+    head = ["link", "shard", "hvd_train torch", "unsharded", "within a round", "torch's system",
+            "hvd_train over it", "met", "hvd_train TF / unsharded", "within a round"]  # fmt: skip
+    return "\n".join([
+        f"`sudo .venv/bin/python -m benchmarks.links --sharding` ({when(figures)}; "
+        "`docs/results/links-sharding.json`): ResNet-18 on two hosts of one rank each, "
+        f"images/s, best of {figures['repeats']} rounds of {figures['steps']} steps; the ratios "
+        "are the best of those taken within one round. Torch's system of each stage: DDP with "
+        "`ZeroRedundancyOptimizer` (ZeRO-1) and FSDP2 (`fully_shard` per residual block, no "
+        "reshard after forward: ZeRO-2). Targets: each stage at least 0.95x hvd_train unsharded "
+        "and 1.0x torch's system:", "",
+        table(head, rows), "",
+    ])  # fmt: skip
+
+
+def sharding_resnet18() -> str:
+    """docs/sharding.md's table: ResNet-18 trained per stage against the unsharded run."""
+    figures = results("sharding-resnet18")
+    rows = []
+    for row in figures["rows"]:
+        summary, compared = row["summary"], row["against_unsharded"]
+        if compared is None:
+            against = ["(the reference)"] * 2
+        else:
+            against = [f"{len(c['different'])} of {c['tensors']} ({c['largest_difference']:.1g})"
+                       for c in compared.values()]  # fmt: skip
+        rows.append([row["framework"], f'`"{row["shard"]}"`', f"{summary['test_loss']:.2e}",
+                     f"{summary['test_accuracy']:.4f}", f"{summary['images_per_second']:.1f}",
+                     *against])  # fmt: skip
+    head = ["framework", "shard", "test loss", "test accuracy", "images/s",
+            "weights differing (largest)", "optimizer state differing (largest)"]  # fmt: skip
+    return "\n".join([
+        f"`python -m benchmarks.sharded_training --steps {figures['steps']}` ({when(figures)}; "
+        f"`docs/results/sharding-{figures['recipe']}.json`): `--recipe {figures['recipe']}` "
+        f"at {figures['ranks']} ranks for {figures['steps']} steps, the same seed, under each "
+        "framework and stage; the tensors of each sharded run's checkpoint that are not the "
+        "unsharded run's bit for bit, and the largest difference of any value:", "",
+        table(head, rows), "",
+    ])  # fmt: skip
+
+
 def against() -> str:
     """docs/data.md's table: the default recipe in this tree against the tree before the data
     pipeline."""
@@ -441,6 +495,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "memory": memory,
     "sharding-memory": sharding_memory,
     "sharding-largest": sharding_largest,
+    "sharding-speed": sharding_speed,
+    "sharding-resnet18": sharding_resnet18,
     "against": against,
 }
 

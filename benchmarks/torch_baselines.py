@@ -7,6 +7,10 @@
     torchrun --nproc-per-node 2 torch_baselines.py ddp ...       torch's DistributedDataParallel
     torchrun --nproc-per-node 2 torch_baselines.py ddp_bf16 ...  the same, gradients sent as bf16
                                                                  (torch's bf16_compress_hook)
+    torchrun --nproc-per-node 2 torch_baselines.py zero ...      DDP with torch's
+                                                                 ZeroRedundancyOptimizer (ZeRO-1)
+    torchrun --nproc-per-node 2 torch_baselines.py fsdp2 ...     FSDP2 (fully_shard, no reshard
+                                                                 after forward: ZeRO-2)
 
 Threads: $THREADS per process (default: the cores shared out among the processes).
 """
@@ -25,28 +29,33 @@ from hvd_train.builders.torch_layers import build_neutral
 WARMUP = 10
 
 
-def model_and_optimizer(recipe):
-    """The recipe's model, and its optimizer in torch's fused form, as hvd_train makes them."""
+def model_of(recipe):
+    """The recipe's torch module, as hvd_train makes it."""
     if recipe.torch_model is not None:
-        model = recipe.torch_model()
-    else:
-        model = build_neutral(recipe.layers, recipe.data.input_shape).model
+        return recipe.torch_model()
+    return build_neutral(recipe.layers, recipe.data.input_shape).model
+
+
+def optimizer_of(recipe):
+    """The recipe's optimizer class and settings, in torch's fused form, as hvd_train makes it."""
     settings = recipe.optimizer
     if settings.name == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=settings.learning_rate,
-                                    momentum=settings.momentum, fused=True)  # fmt: skip
-    else:
-        optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate, fused=True)
-    return model, optimizer
+        return torch.optim.SGD, {"lr": settings.learning_rate, "momentum": settings.momentum,
+                                 "fused": True}  # fmt: skip
+    return torch.optim.Adam, {"lr": settings.learning_rate, "fused": True}
+
+
+def model_and_optimizer(recipe):
+    model = model_of(recipe)
+    kind, settings = optimizer_of(recipe)
+    return model, kind(model.parameters(), **settings)
 
 
 def tensors(x, y):
     return torch.from_numpy(x).permute(0, 3, 1, 2), torch.from_numpy(y)
 
 
-def plain_step(recipe):
-    model, optimizer = model_and_optimizer(recipe)
-
+def training_step(model, optimizer):
     def step(x, y):
         inputs, labels = tensors(x, y)
         optimizer.zero_grad()
@@ -54,6 +63,10 @@ def plain_step(recipe):
         optimizer.step()
 
     return step
+
+
+def plain_step(recipe):
+    return training_step(*model_and_optimizer(recipe))
 
 
 def plain(recipe, train, steps: int) -> float:
@@ -68,12 +81,7 @@ def horovod(recipe, train, steps: int) -> float:
     model, optimizer = model_and_optimizer(recipe)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-
-    def step(x, y):
-        inputs, labels = tensors(x, y)
-        optimizer.zero_grad()
-        F.cross_entropy(model(inputs), labels).backward()
-        optimizer.step()
+    step = training_step(model, optimizer)
 
     def barrier():
         hvd.allreduce(torch.zeros(1), name="barrier")
@@ -95,14 +103,53 @@ def ddp_step(recipe, bf16: bool):
         # Under another name: DDP refuses torch's own hook by its name off CUDA and NCCL, though
         # Gloo reduces bfloat16 on CPU.
         model.register_comm_hook(None, lambda state, bucket: bf16_compress_hook(state, bucket))
+    return model, training_step(model, optimizer)
 
-    def step(x, y):
-        inputs, labels = tensors(x, y)
-        optimizer.zero_grad()
-        F.cross_entropy(model(inputs), labels).backward()
-        optimizer.step()
 
-    return model, step
+def zero_step(recipe):
+    """DDP (default buckets) with torch's ZeroRedundancyOptimizer: each rank keeps the
+    optimizer state of its part of the parameters, updates those and broadcasts them."""
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    dist.init_process_group("gloo")
+    model = model_of(recipe)
+    kind, settings = optimizer_of(recipe)
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=kind, **settings)
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    return model, training_step(model, optimizer)
+
+
+def fsdp2_step(recipe):
+    """FSDP2: each residual block, then the whole model, under `fully_shard` with no reshard
+    after the forward pass (parameters gathered once a step, gradients reduce-scattered:
+    ZeRO-2, FSDP's SHARD_GRAD_OP)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = model_of(recipe)
+    for block in model.children():
+        if any(True for _ in block.children()):  # ResNet's residual blocks
+            fully_shard(block, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    # DTensor has no sharding rule for the fused kernels (torch 2.13): the foreach form.
+    kind, settings = optimizer_of(recipe)
+    settings = {**settings, "fused": False}
+    return model, training_step(model, kind(model.parameters(), **settings))
+
+
+def sharded(recipe, train, steps: int, make) -> float:
+    """A torch sharding system's images/s (`make`: zero_step or fsdp2_step), under torchrun."""
+    import torch.distributed as dist
+
+    _, step = make(recipe)
+    result = measure(step, train, recipe.schedule.batch_size, dist.get_rank(),
+                     dist.get_world_size(), steps, WARMUP, dist.barrier)  # fmt: skip
+    dist.destroy_process_group()
+    return result
 
 
 def ddp(recipe, train, steps: int, bf16: bool = False) -> tuple[float, float]:
@@ -138,7 +185,9 @@ if __name__ == "__main__":
                plain_images_per_second=plain_loop)  # fmt: skip
     else:
         run = {"plain": plain, "horovod": horovod, "ddp": ddp,
-               "ddp_bf16": lambda *args: ddp(*args, bf16=True)}[mode]  # fmt: skip
+               "ddp_bf16": lambda *args: ddp(*args, bf16=True),
+               "zero": lambda *args: sharded(*args, zero_step),
+               "fsdp2": lambda *args: sharded(*args, fsdp2_step)}[mode]  # fmt: skip
         images_per_second, more = run(recipe, train, steps), {}
         if mode.startswith("ddp"):
             images_per_second, local = images_per_second
@@ -146,9 +195,11 @@ if __name__ == "__main__":
         if rank == 0:
             name = {"plain": "torch, plain loop", "horovod": "torch, hand-written Horovod loop",
                     "ddp": "torch DDP (Gloo, torchrun)",
-                    "ddp_bf16": "torch DDP (Gloo, torchrun), bf16 hook"}[mode]  # fmt: skip
+                    "ddp_bf16": "torch DDP (Gloo, torchrun), bf16 hook",
+                    "zero": "torch DDP, ZeroRedundancyOptimizer (Gloo, torchrun)",
+                    "fsdp2": "torch FSDP2, no reshard after forward (Gloo)"}[mode]  # fmt: skip
             report(name, processes, threads, images_per_second, **more)
-        if mode.startswith("ddp"):
+        if mode in ("ddp", "ddp_bf16", "zero", "fsdp2"):
             # torch 2.13's Gloo threads aborted the interpreter's exit ("terminate called without
             # an active exception") in 2 of 18 runs, after destroy_process_group and the result.
             sys.stdout.flush()

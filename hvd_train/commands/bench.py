@@ -10,6 +10,8 @@ Run alone or under horovodrun, it times three things on every rank, one after th
      it the scaling efficiency;
   3. a plain allreduce of tensors shaped like the gradients, with no training around it: the
      bandwidth the exchange could reach.
+Sharded (`[horovod] shard`), it times (1) only: (2) and (3) are figures of the unsharded step,
+which the same recipe benched with shard = "none" gives.
 With links (Gbit/s), it also projects the scaling efficiency at more hosts, one rank each, on
 such links, from the step it measured (see `projected_efficiency`).
 """
@@ -37,6 +39,9 @@ from hvd_train.training.run import open_run, start
 
 ALLREDUCE_REPEATS = 20
 PROJECTED_HOSTS = (2, 4, 8, 16, 32, 64)
+# The figures of the unsharded step (phases 2 and 3): None where the recipe shards.
+UNSHARDED = ("limit_images_per_second", "scaling_efficiency", "plain_allreduce_ms",
+             "plain_allreduce_mb_per_s", "local_step_ms")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,8 +53,8 @@ class RankTimes:
     compute: float  # a training step's forward and backward passes (T_comp)
     sync: float  # its wait for the exchange (T_sync)
     hide: float  # how long a transfer could hide behind the last pass (T_hide)
-    local: float  # a step without the exchange, taking its batches included
-    allreduce: float  # a plain allreduce of the gradients' bytes
+    local: float | None  # a step without the exchange, taking its batches included
+    allreduce: float | None  # a plain allreduce of the gradients' bytes (None: sharded)
 
 
 def time_rank(
@@ -84,29 +89,30 @@ def time_rank(
         result = dist.train_step(taken, 1e-4, index, flags)
         return result.compute_seconds, result.sync_seconds, result.hide_seconds
 
-    def local(taken: list[Any], index: int) -> tuple[float, ...]:
+    def local_step(taken: list[Any], index: int) -> tuple[float, ...]:
         dist.local_step(taken, index)
         return 0.0, 0.0, 0.0
 
     wall, (waited, compute, sync, hide) = phase(train)
-    local_wall, _ = phase(local)
-    allreduce = dist.time_gradient_allreduce(ALLREDUCE_REPEATS)
+    local, allreduce = None, None
+    if not dist.backend.sharded:
+        local = phase(local_step)[0] / steps
+        allreduce = dist.time_gradient_allreduce(ALLREDUCE_REPEATS)
     examples = sum(len(part) for part in batches[-1])
     per_step = RankTimes(examples, waited / steps, compute / steps, sync / steps,
-                         hide / steps, local_wall / steps, allreduce)  # fmt: skip
+                         hide / steps, local, allreduce)  # fmt: skip
     return per_step, wall
 
 
 def report(ranks: list[RankTimes], wall: float, steps: int, gradient_bytes: int) -> dict[str, Any]:
     """The figures for people and tools: the step and its parts on rank 0 (as in the run's
-    summary), the limit from every rank, the plain allreduce averaged over the ranks."""
+    summary), the limit from every rank, the plain allreduce averaged over the ranks (those
+    two None where sharded)."""
     examples = sum(rank.examples for rank in ranks)
     images_per_second = examples * steps / wall
-    limit = sum(r.examples / r.local for r in ranks)
     step_ms = 1000 * wall / steps
     waited, compute, sync = ranks[0].data, ranks[0].compute, ranks[0].sync
-    allreduce = float(np.mean([r.allreduce for r in ranks]))
-    return {
+    step = {
         "world_size": len(ranks),
         "global_batch": examples,
         "images_per_second": round(images_per_second, 1),
@@ -116,12 +122,20 @@ def report(ranks: list[RankTimes], wall: float, steps: int, gradient_bytes: int)
         "t_sync_ms": round(1000 * sync, 2),
         "t_hide_ms": round(1000 * ranks[0].hide, 2),
         "t_other_ms": round(step_ms - 1000 * (waited + compute + sync), 2),
+        "gradient_mb": round(gradient_bytes / 1e6, 3),
+        "step_exchange_mb_per_s": round(gradient_bytes / 1e6 / sync, 1) if sync > 1e-6 else None,
+    }
+    measured = [(r.examples, r.local, r.allreduce) for r in ranks
+                if r.local is not None and r.allreduce is not None]  # fmt: skip
+    if len(measured) < len(ranks):
+        return step | dict.fromkeys(UNSHARDED)
+    limit = sum(examples / local for examples, local, _ in measured)
+    allreduce = float(np.mean([seconds for *_, seconds in measured]))
+    return step | {
         "limit_images_per_second": round(limit, 1),
         "scaling_efficiency": round(images_per_second / limit, 3),
-        "gradient_mb": round(gradient_bytes / 1e6, 3),
         "plain_allreduce_ms": round(1000 * allreduce, 2),
         "plain_allreduce_mb_per_s": round(gradient_bytes / 1e6 / max(allreduce, 1e-9), 1),
-        "step_exchange_mb_per_s": round(gradient_bytes / 1e6 / sync, 1) if sync > 1e-6 else None,
         "local_step_ms": round(1000 * examples / limit, 2),  # a step at the limit
     }
 
@@ -165,21 +179,27 @@ def table(figures: dict[str, Any], title: str) -> str:
                                                       for n, e in by_hosts.items())
         for gbit, by_hosts in f.get("projection", {}).items()
     ]  # fmt: skip
+    if f["limit_images_per_second"] is None:
+        limit = [f'  limit                {"-":>10} (sharded: bench with shard = "none" for the '
+                 "limit, the scaling efficiency and a plain allreduce)"]  # fmt: skip
+        allreduce = ""
+    else:
+        limit = [f"  limit                {f['limit_images_per_second']:10.1f} images/s (every "
+                 "rank training alone, all at once)",
+                 f"  scaling efficiency   {100 * f['scaling_efficiency']:10.1f} %"]  # fmt: skip
+        allreduce = (f"; a plain allreduce of them takes {f['plain_allreduce_ms']:.2f} ms "
+                     f"({f['plain_allreduce_mb_per_s']} MB/s)")  # fmt: skip
     return "\n".join([
         title,
         f"  images/s             {f['images_per_second']:10.1f}",
         f"  step                 {f['step_ms']:10.2f} ms = T_data {f['t_data_ms']:.2f} + T_comp "
         f"{f['t_comp_ms']:.2f} + T_sync {f['t_sync_ms']:.2f} + T_other {f['t_other_ms']:.2f} "
         "(update, Python)",
-        f"  limit                {f['limit_images_per_second']:10.1f} images/s (every rank "
-        "training alone, all at once)",
-        f"  scaling efficiency   {100 * f['scaling_efficiency']:10.1f} %",
+        *limit,
         f"  overlap              {'on' if f['overlapped'] else 'off':>10} (setting: "
         f"{json.dumps(f['overlap'])}); T_hide {f['t_hide_ms']:.2f} ms (the last pass after its "
         "first full bucket)",
-        f"  gradients            {f['gradient_mb']:10.3f} MB per step; {exchange}; a plain "
-        f"allreduce of them takes {f['plain_allreduce_ms']:.2f} ms "
-        f"({f['plain_allreduce_mb_per_s']} MB/s)",
+        f"  gradients            {f['gradient_mb']:10.3f} MB per step; {exchange}{allreduce}",
         *projected,
     ])  # fmt: skip
 
@@ -219,6 +239,9 @@ def run_bench(
                          "run bench under horovodrun -np 2 or more")  # fmt: skip
     data = load_data(recipe, data_dir)
     open_run(dist, recipe, seed=0)
+    if links and dist.backend.sharded:
+        raise UsageError('--links projects from the unsharded step: bench with --set '
+                         'horovod.shard="none" for the projection', every_rank=True)  # fmt: skip
     times, wall = time_rank(dist, data, recipe, steps, warmup)
     ranks = dist.all_gather(times)
     if not dist.is_rank_zero:

@@ -56,13 +56,23 @@ def test_projection_takes_off_what_the_backward_pass_hides_unless_overlap_is_off
     assert projected_efficiency(f | {"overlap": False}, 2, 0.1) == pytest.approx(40 / 130)
 
 
+def test_report_of_a_sharded_step_leaves_the_unsharded_figures_out():
+    rank = RankTimes(examples=64, data=0.002, compute=0.03, sync=0.01, hide=0.02, local=None,
+                     allreduce=None)  # fmt: skip
+    f = report([rank, rank], wall=100 * 0.05, steps=100, gradient_bytes=2_000_000)
+    assert f["images_per_second"] == pytest.approx(2560) and f["t_other_ms"] == pytest.approx(8)
+    assert f["limit_images_per_second"] is None and f["scaling_efficiency"] is None
+    assert f["plain_allreduce_ms"] is None and f["local_step_ms"] is None
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_bench_under_horovodrun_times_the_exchange_on_rank_zero_only(framework):
-    # As given, and with its gradients sent as bf16, one after the other in one job.
-    output, compressed_output = trainings([*BENCH[2:], "--framework", framework, "--links",
-                                           "100000,0.1"],
-                                          [*BENCH[2:], "--framework", framework,
-                                           "--set", "compression=bf16"])  # fmt: skip
+    # As given, with its gradients sent as bf16, and sharded, one after the other in one job.
+    output, compressed_output, sharded_output = trainings(
+        [*BENCH[2:], "--framework", framework, "--links", "100000,0.1"],
+        [*BENCH[2:], "--framework", framework, "--set", "compression=bf16"],
+        [*BENCH[2:], "--framework", framework, "--set", 'horovod.shard="gradients"'],
+    )
     [bench] = figures(output)  # rank 1 prints nothing
     assert output.count('{"world') == 1 and '[0]<stdout>:{"world' in output
     assert bench["world_size"] == 2 and bench["global_batch"] == 128
@@ -81,6 +91,11 @@ def test_bench_under_horovodrun_times_the_exchange_on_rank_zero_only(framework):
     assert slow["2"] == pytest.approx(expected, abs=0.001) and slow["64"] < slow["2"]
     [compressed] = figures(compressed_output)
     assert compressed["gradient_mb"] == pytest.approx(2 * PARAMETERS / 1e6, abs=0.001)
+    # Sharded: the training steps only (the limit and the plain allreduce are unsharded).
+    [sharded] = figures(sharded_output)
+    assert sharded["t_comp_ms"] > 0 and sharded["t_sync_ms"] > 0
+    assert sharded["images_per_second"] == pytest.approx(128_000 / sharded["step_ms"], rel=0.01)
+    assert sharded["limit_images_per_second"] is None and sharded["plain_allreduce_ms"] is None
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

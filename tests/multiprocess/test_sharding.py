@@ -153,8 +153,8 @@ def test_shard_with_one_rank_says_once_that_it_trains_unsharded(mnist_dir, tmp_p
 @pytest.mark.torch
 @pytest.mark.tensorflow
 def test_what_does_not_shard_says_so_in_one_line(mnist_dir, tmp_path):
-    # hvd-train bench measures unsharded steps (each framework); an elastic job would lose a
-    # leaving rank's part (torch; refused even at one rank, as ranks may join).
+    # hvd-train bench projects links from the unsharded step (each framework); an elastic job
+    # would lose a leaving rank's part (torch; refused even at one rank, as ranks may join).
     benches = [
         [
             str(HOROVODRUN),
@@ -171,6 +171,8 @@ def test_what_does_not_shard_says_so_in_one_line(mnist_dir, tmp_path):
             framework,
             "--set",
             'horovod.shard="optimizer"',
+            "--links",
+            "1",
         ]
         for framework in ("torch", "tensorflow")
     ]
@@ -181,7 +183,8 @@ def test_what_does_not_shard_says_so_in_one_line(mnist_dir, tmp_path):
                for bench in benches]  # fmt: skip
     printed = elastic.communicate(timeout=300)[0]  # stdout and stderr, together
     results.append(subprocess.CompletedProcess(elastic.args, elastic.returncode, printed, ""))
-    said = ["is measured unsharded"] * 2 + ["does not train under horovodrun's elastic mode"]
+    said = ["--links projects from the unsharded step"] * 2
+    said.append("does not train under horovodrun's elastic mode")
     for result, expected in zip(results, said, strict=True):
         output = result.stdout + result.stderr
         lines = [line for line in output.splitlines() if "hvd-train: error:" in line]
