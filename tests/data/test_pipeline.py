@@ -122,7 +122,9 @@ def test_leaving_an_epoch_early_or_at_its_end_stops_its_threads():
     before = readers()
     batches = read_ahead(SlowSource(400, 0.01), steps_of(400), workers=3, prefetch=3)
     next(batches)
-    assert len(readers() - before) == 4
+    # The pool starts a thread per read only while none of its own is idle: up to `workers`.
+    started = sorted(thread.name for thread in readers() - before)
+    assert started[-1] == "hvd_train-handover" and 2 <= len(started) <= 4, started
     batches.close()
     deadline = time.monotonic() + 5
     while readers() - before and time.monotonic() < deadline:
