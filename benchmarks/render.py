@@ -351,7 +351,8 @@ def sharding_memory() -> str:
         "`docs/results/sharding-memory.json`): a model of "
         f"{parameters / 1e6:.1f} M parameters under AdamW, three steps then a checkpoint, under "
         "each framework at each world size and shard setting. Held: rank 0's weights (under "
-        "TensorFlow with its copies of its pieces), gradients and optimizer state (MB); the "
+        "TensorFlow with its copies of its runs of the parameters it splits, if any), "
+        "gradients and optimizer state (MB); the "
         "peak resident memory of each rank after the steps and after saving (MB); "
         "how far the peak fell against `\"none\"`, and the target (0.8 x (1 - 1/N) x the "
         "bytes a stage stops holding; met where every rank's fell that far and no rank's "
@@ -372,7 +373,8 @@ def sharding_largest() -> str:
         parameters = ran["none"]["parameters"]
         held = {key: ran["none"]["held_bytes"][0][key] / parameters
                 for key in ("weights", "gradients", "optimizer")}  # fmt: skip
-        # TensorFlow's copies of a rank's pieces: the weights a sharded rank holds beyond them.
+        # TensorFlow's copies of a rank's runs of split parameters: the weights a sharded rank
+        # holds beyond them.
         held["copies"] = 2 * (ran["optimizer"]["held_bytes"][0]["weights"] / parameters
                               - held["weights"])  # fmt: skip
         measured.append(f"{framework}: " + ", ".join(f"{value:.2f} {key}"
@@ -394,7 +396,7 @@ def sharding_largest() -> str:
 
 def _bytes_per_parameter(held: dict[str, float], shard: str, ranks: int) -> float:
     """What a rank holds a parameter under `shard` at `ranks`, from the unsharded bytes `held`
-    (weights, gradients, optimizer) and the sharded run's copies of its pieces."""
+    (weights, gradients, optimizer) and the sharded run's copies of its runs."""
     if shard == "none":
         return held["weights"] + held["gradients"] + held["optimizer"]
     gradients = held["gradients"] / (ranks if shard == "gradients" else 1)

@@ -2,8 +2,8 @@
 parameters (12 blocks of two layers, 1024 -> 4096 -> 1024) under AdamW through the own-loop
 layer, in FRAMEWORK, `shard` as asked, a few steps, then a checkpoint; rank 0 prints
 `STATE {json}`: per rank, its peak resident memory after the steps and after saving, and the
-bytes of training state it holds (weights, with TensorFlow's copies of this rank's pieces;
-gradients; optimizer state).
+bytes of training state it holds (weights, with TensorFlow's copies of its runs of the
+parameters it splits; gradients; optimizer state).
 
 usage: sharded_model.py FRAMEWORK SHARD OUTPUT_DIR [STEPS]
 """
@@ -74,9 +74,11 @@ def tensorflow_steps(dist: Distributed, shard: str,
     variables = model.trainable_variables
     shards = dist.backend.exchange.shards
     pieces = [] if shards is None else [shards.tensors[index] for index in shards.pieces]
+    copies = [] if shards is None else [shards.tensors[index] for index in shards.split
+                                        if index in shards.pieces]  # fmt: skip
     held = {
         "parameters": sum(int(np.prod(v.shape)) for v in variables),
-        "weights": size(variables) + size(pieces),
+        "weights": size(variables) + size(copies),
         "gradients": size(pieces if shards is not None and shards.scattered else variables),
         "optimizer": size(optimizer.variables),
     }

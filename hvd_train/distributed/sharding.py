@@ -10,6 +10,9 @@ import numpy as np
 
 # Element-wise cuts fall this many elements apart, counted from their parameter's start.
 ALIGNMENT = 64
+# Joined buckets (`Partition`'s `join`): a bucket is cut evenly enough where its elements fill
+# this share of its parts padded to the longest; at most this many buckets a rank are joined.
+EVEN_ENOUGH, JOINED_AT_MOST = 0.8, 2
 
 
 @dataclass(frozen=True)
@@ -25,28 +28,45 @@ class Piece:
 
 class Partition:
     """Each bucket's cuts: rank r holds elements [cuts[b][r], cuts[b][r + 1]) of bucket b.
-    `whole`: cuts only at parameters' edges, and where they fall evens out what each rank holds
-    over all the buckets (a bucket of one large parameter goes whole to the rank that holds
-    least so far). `widths[b]`: the longest cut, which every cut is padded to where bucket b is
-    reduce-scattered."""
+    `whole`: cuts at parameters' edges (inside the parameters in `split` too, on multiples of
+    ALIGNMENT elements), where they even out what each rank holds over all the buckets (a
+    bucket of one large parameter goes whole to the rank that holds least so far). `join`:
+    with `whole`, the given buckets are joined, neighbour to neighbour, until each one's cuts
+    come near even (`buckets` then lists the joined ones), so that no collective of a bucket
+    waits on one rank's long part. `widths[b]`: the longest cut, which every cut is padded to
+    where bucket b is reduce-scattered."""
 
-    def __init__(self, sizes: list[int], buckets: list[list[int]], ranks: int,
-                 whole: bool) -> None:  # fmt: skip
-        self.sizes, self.buckets, self.ranks = sizes, buckets, ranks
+    def __init__(self, sizes: list[int], buckets: list[list[int]], ranks: int, whole: bool,
+                 split: frozenset[int] = frozenset(), join: bool = False) -> None:  # fmt: skip
+        self.sizes, self.ranks = sizes, ranks
+        self.buckets: list[list[int]] = []
         self.starts: list[dict[int, int]] = []  # per bucket, each parameter's first element
         self.cuts: list[list[int]] = []
         held = [0] * ranks  # with `whole`, what each rank holds of the buckets cut so far
-        for indices in buckets:
+        joining: list[int] = []  # the buckets being joined, end to end
+        joined = 0  # how many
+        for number, given in enumerate(buckets):
+            indices = joining + given
             edges = np.cumsum([0, *(sizes[i] for i in indices)]).tolist()
-            self.starts.append(dict(zip(indices, edges, strict=False)))
             total = edges[-1]
             if whole:
-                cuts = [_nearest(edges, cut) for cut in _evening(held, total)]
-                held = [h + b - a for h, a, b in zip(held, cuts, cuts[1:], strict=False)]
+                bounds = [(edges[k], edges[k + 1], i in split) for k, i in enumerate(indices)]
+                cuts = [_nearest(bounds, cut) for cut in _evening(held, total)]
+                parts = np.diff(cuts)
+                even = total >= EVEN_ENOUGH * ranks * parts.max()
+                joined += 1
+                if join and not even and joined < JOINED_AT_MOST * ranks and (
+                        number < len(buckets) - 1):  # fmt: skip
+                    joining = indices
+                    continue
+                held = [h + part for h, part in zip(held, parts.tolist(), strict=True)]
             else:
                 # As even as can be (the first total % ranks one element longer), then moved.
-                even = [r * (total // ranks) + min(r, total % ranks) for r in range(ranks + 1)]
-                cuts = [_aligned(edges, cut) for cut in even]
+                even_cuts = [r * (total // ranks) + min(r, total % ranks) for r in range(ranks + 1)]
+                cuts = [_aligned(edges, cut) for cut in even_cuts]
+            joining, joined = [], 0
+            self.buckets.append(indices)
+            self.starts.append(dict(zip(indices, edges, strict=False)))
             self.cuts.append(cuts)
         self.widths = [max(1, *np.diff(cuts).tolist()) for cuts in self.cuts]
         self.offsets = np.cumsum([0, *self.widths]).tolist()  # each bucket's cut in a shard
@@ -65,6 +85,13 @@ class Partition:
                     start, stop = max(low, first) - first, min(high, last) - first
                     held[-1].append(Piece(index, start, stop, first + start - low))
         return held
+
+
+def too_large(sizes: list[int], ranks: int) -> frozenset[int]:
+    """The parameters larger than half of what each rank holds when all is shared out evenly:
+    held whole, one of them would leave that rank holding well above its share."""
+    share = sum(sizes) / ranks
+    return frozenset(index for index, size in enumerate(sizes) if size > share / 2)
 
 
 def _aligned(edges: list[int], cut: int) -> int:
@@ -88,6 +115,12 @@ def _evening(held: list[int], total: int) -> list[float]:
     return [float(x) for x in np.cumsum([0.0, *share])]
 
 
-def _nearest(edges: list[int], cut: float) -> int:
-    """The parameters' edge nearest to `cut` (the lower of two as near)."""
+def _nearest(bounds: list[tuple[int, int, bool]], cut: float) -> int:
+    """Where `cut` falls: on the multiple of ALIGNMENT elements nearest it inside a parameter
+    that may be split (`bounds`: each parameter's first and last-plus-one element, and
+    whether it may), else on the parameters' edge nearest it (the lower of two as near)."""
+    for first, last, split in bounds:
+        if split and first < cut < last:
+            return min(first + round((cut - first) / ALIGNMENT) * ALIGNMENT, last)
+    edges = [bounds[0][0], *(last for _, last, _ in bounds)] if bounds else [0]
     return min(edges, key=lambda edge: (abs(edge - cut), edge))

@@ -3,7 +3,8 @@
 each case below; rank 0 saves the weights and the whole optimizer state each setting ended
 with into OUT/<case>-<shard>.npz (for one case, also what a loop sharding another way loaded
 from its checkpoint, OUT/<case>-<shard>-reloaded.npz), and prints `SHARDED {json}`: per case,
-the parameters each rank's optimizer held (whole or in pieces).
+the parameters each rank's optimizer held (whole or in pieces), and which of them were copies
+of the model's (`<case>-<shard>-copies`: under TensorFlow, the runs of parameters it splits).
 
 Under torch every case is a loop's own steps (`backward`, `optimizer.step()`); under TensorFlow
 the loop's own `GradientTape` step for "adamw" and "adam-fp16-mixed" (where, in its second
@@ -82,7 +83,10 @@ def model() -> Any:
     return nn.Sequential(*layers).to(memory_format=torch.channels_last)
 
 
-def run(case: str, shard: str, out: Path) -> list[list[int]]:
+Held = tuple[list[list[int]], list[list[int]]]  # the tensors' shapes, and the copies'
+
+
+def run(case: str, shard: str, out: Path) -> Held:
     if FRAMEWORK == "tensorflow":
         return run_tensorflow(case, shard, out)
     make, settings = CASES[case]
@@ -107,10 +111,10 @@ def run(case: str, shard: str, out: Path) -> list[list[int]]:
         other.load(out / f"{case}-{shard}")
         keep(other, out / f"{case}-{shard}-reloaded.npz")
     held = [p for group in optimizer.param_groups for p in group["params"]]
-    return [list(p.shape) for p in held]
+    return [list(p.shape) for p in held], []  # views of the parameters
 
 
-def run_tensorflow(case: str, shard: str, out: Path) -> list[list[int]]:
+def run_tensorflow(case: str, shard: str, out: Path) -> Held:
     make, settings = CASES[case]
     settings = dict(settings)
     dist = Distributed("tensorflow", precision=settings.pop("precision", "fp32"))
@@ -149,7 +153,9 @@ def run_tensorflow(case: str, shard: str, out: Path) -> list[list[int]]:
         keep(other, out / f"{case}-{shard}-reloaded.npz")
     shards = dist.backend.exchange.shards
     held = net.trainable_variables if shards is None else shards.tensors
-    return [list(v.shape) for v in held if np.prod(v.shape) > 0]
+    own = {id(v) for v in net.trainable_variables}
+    held = [v for v in held if np.prod(v.shape) > 0]
+    return [list(v.shape) for v in held], [list(v.shape) for v in held if id(v) not in own]
 
 
 def keep(dist: Distributed, path: Path) -> None:
@@ -167,7 +173,7 @@ def main() -> None:
     held = {}
     for case in cases:
         for shard in ("none", "optimizer", "gradients"):
-            held[f"{case}-{shard}"] = run(case, shard, out)
+            held[f"{case}-{shard}"], held[f"{case}-{shard}-copies"] = run(case, shard, out)
     dist = Distributed(FRAMEWORK)
     everyone = dist.all_gather(held)
     dist.print("SHARDED " + json.dumps(everyone))

@@ -86,7 +86,8 @@ def test_each_rank_holds_its_part_only(at_two):
     whole = held["adamw-none"][0]
     sizes = [math.prod(shape) for shape in whole]
     for stage in STAGES:
-        # Element-wise: pieces of the parameters, about half the elements each.
+        # Element-wise: about half the elements each (under torch, pieces of the parameters;
+        # under TensorFlow, whole ones, but for the dense kernel, too large to hold whole).
         counts = [sum(map(math.prod, rank)) for rank in held[f"adamw-{stage}"]]
         assert sum(counts) == sum(sizes)
         assert max(counts) < 0.55 * sum(sizes)
@@ -94,6 +95,13 @@ def test_each_rank_holds_its_part_only(at_two):
         lamb = held[f"lamb-{stage}"]
         assert sorted(shape for rank in lamb for shape in rank) == sorted(whole)
         assert all(lamb)
+        # What a rank holds whole is the model's own variable: a copy only of a run of the
+        # kernel that is split (TensorFlow's variables have no views).
+        kernel = max(sizes)
+        for rank in held[f"adamw-{stage}-copies"]:
+            assert all(len(shape) == 1 and shape[0] < kernel for shape in rank), rank
+            assert len(rank) <= 1
+        assert held[f"lamb-{stage}-copies"] == [[], []]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

@@ -36,7 +36,7 @@ from hvd_train.distributed.backend import (
 )
 from hvd_train.distributed.host import start_horovod, threads_per_rank
 from hvd_train.distributed.overlap import OverlapChoice
-from hvd_train.distributed.sharding import Partition
+from hvd_train.distributed.sharding import Partition, too_large
 from hvd_train.distributed.tensorflow import exchange as averaging
 from hvd_train.distributed.tensorflow import sharding
 from hvd_train.distributed.tensorflow.compiled import Compiled
@@ -138,11 +138,13 @@ class TensorFlowBackend(Backend):
         why = sharding.refused(self.optimizer, shard)
         if why:
             raise UsageError(f'setup: shard = "{shard}": {why}')
-        whole = type(sharding.innermost(self.optimizer)) not in sharding.ELEMENT_WISE
-        partition = Partition([int(np.prod(v.shape)) for v in variables], self.exchange.buckets,
-                              self.world_size, whole)  # fmt: skip
+        sizes = [int(np.prod(v.shape)) for v in variables]
+        element_wise = type(sharding.innermost(self.optimizer)) in sharding.ELEMENT_WISE
+        split = too_large(sizes, self.world_size) if element_wise else frozenset()
+        partition = Partition(sizes, self.exchange.buckets, self.world_size, whole=True,
+                              split=split, join=True)  # fmt: skip
         self.exchange.shards = sharding.Shards(
-            variables, partition, self.rank, self.optimizer, shard == "gradients", whole,
+            variables, partition, self.rank, self.optimizer, shard == "gradients", split,
             self.exchange.compression,
         )  # fmt: skip
         self.pending: Arrays | None = None  # a whole state loaded here, not yet handed out

@@ -1,14 +1,15 @@
 """ZeRO's sharding under TensorFlow, through Horovod's collectives (`[horovod] shard`).
 
-The same cuts as under torch (`hvd_train/distributed/sharding.py`): rank r holds the r-th of N
-cuts of each bucket of the exchange. TensorFlow has no views into a variable, so this rank's
-pieces are Keras variables of their own, which the optimizer is built over in the parameters'
-place: a 1-D run of a parameter's elements for an element-wise optimizer, a whole parameter
-(in its shape) for any other, and an empty stand-in for each parameter this rank holds nothing
-of. So the optimizer's variables line up one for one with those an unsharded optimizer makes,
-each holding this rank's part. Each step copies the pieces out of the model's variables (so a
-loop that sets the weights itself is followed), updates them, and allgathers every rank's
-pieces into the model's variables, a bucket at a time. docs/sharding.md says more.
+Rank r holds the r-th of N cuts of each bucket (`hvd_train/distributed/sharding.py`). TensorFlow
+has no views into a variable, so the cuts fall at the parameters' edges, and the optimizer is
+built over the model's own variables that this rank holds, and an empty stand-in for each it
+does not: its variables line up one for one with those an unsharded optimizer makes, each
+holding this rank's part, and nothing is held twice. The exchange's buckets are joined until
+their cuts come near even. Only a parameter too large to be held whole (over half a rank's
+share, with an element-wise optimizer) is cut inside: this rank's run of it is a 1-D Keras
+variable of its own, which each step copies out of the model's variable (so a loop that sets
+the weights itself is followed). After the update, an allgather of each bucket's cuts gives
+every rank's model every rank's parameters. docs/sharding.md says more.
 """
 
 from __future__ import annotations
@@ -69,15 +70,16 @@ class Slot:
 
 
 class Shards:
-    """This rank's pieces of the model's trained `variables` (`tensors`, one per parameter, in
-    the parameters' order), which `optimizer` is built over here; `scattered`: whether the
-    gradients arrive reduce-scattered (ZeRO-2), as this rank's pieces, or whole (ZeRO-1)."""
+    """What this rank holds of the model's trained `variables` (`tensors`, one per parameter,
+    in the parameters' order: `_held`'s), which `optimizer` is built over here; `split`: the
+    parameters cut inside; `scattered`: whether the gradients arrive reduce-scattered (ZeRO-2),
+    as this rank's parts, or whole (ZeRO-1)."""
 
     def __init__(self, variables: list[Any], partition: Partition, rank: int,
-                 optimizer: keras.optimizers.Optimizer, scattered: bool, whole: bool,
+                 optimizer: keras.optimizers.Optimizer, scattered: bool, split: frozenset[int],
                  compression: Any) -> None:  # fmt: skip
         self.variables, self.partition, self.rank = variables, partition, rank
-        self.scattered, self.whole, self.compression = scattered, whole, compression
+        self.scattered, self.split, self.compression = scattered, split, compression
         self.held = partition.pieces(rank)
         self.pieces: dict[int, Piece] = {p.index: p for pieces in self.held for p in pieces}
         dtypes = {v.dtype for v in variables}
@@ -87,25 +89,37 @@ class Shards:
                 f'{sorted(dtypes)}; keep them in one, or set shard = "none"'
             )
         self.dtype = tf.as_dtype(dtypes.pop())
-        self.tensors = [keras.Variable(value, name=v.name, dtype=v.dtype)
-                        for v, value in zip(variables, self.cut([v.value for v in variables]),
-                                            strict=True)]  # fmt: skip
+        self.tensors = [self._held(index, v) for index, v in enumerate(variables)]
         self.slots = self._build(optimizer)
+
+    def _held(self, index: int, variable: Any) -> Any:
+        """What this rank holds of parameter `index`: the model's `variable` itself, a variable
+        of its own for its run of a split one, or an empty stand-in. Their values are copies
+        (numpy's): a slice of the model's variable would share its buffer, and keep it once the
+        variable is next assigned."""
+        piece = self.pieces.get(index)
+        if piece is not None and index not in self.split:
+            return variable
+        if piece is None:
+            value = np.zeros(self._empty(index), variable.dtype)
+        else:
+            value = np.array(variable.numpy().reshape(-1)[piece.start : piece.stop])
+        return keras.Variable(value, name=variable.name, dtype=variable.dtype)
 
     def cut(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
         """Each parameter's `tensors` (its values, or its whole gradient) as this rank holds
-        it: its piece (1-D), the whole (in its shape, where cuts fall at the edges), or none
-        (cut from the tensor too: what a collective sends must not be a constant, which
-        TensorFlow's graph optimizer would run a Horovod op on before the step, alone)."""
+        it: the whole (in its shape), its run (1-D, where it is split), or none (cut from the
+        tensor too: what a collective sends must not be a constant, which TensorFlow's graph
+        optimizer would run a Horovod op on before the step, alone)."""
         cut = []
         for index, tensor in enumerate(tensors):
             piece = self.pieces.get(index)
             if piece is None:
                 cut.append(tf.reshape(tf.reshape(tensor, [-1])[:0], self._empty(index)))
-            elif self.whole:
-                cut.append(tensor)
-            else:
+            elif index in self.split:
                 cut.append(tf.reshape(tensor, [-1])[piece.start : piece.stop])
+            else:
+                cut.append(tensor)
         return cut
 
     def _empty(self, index: int) -> list[int]:
@@ -142,7 +156,7 @@ class Shards:
             theirs = [rank[at] for rank in everyone]
             holders = [r for r, shape in enumerate(theirs) if np.prod(shape) > 0]
             index = made.get(id(variable), -1)
-            if index >= 0 and not self.whole:
+            if index in self.split:
                 slots.append(Slot("elements", tuple(self.variables[index].shape), index))
             elif len(holders) == 1 < len(theirs):
                 slots.append(Slot("owned", theirs[holders[0]], index, holders[0]))
@@ -172,7 +186,9 @@ class Shards:
             for piece in self.held[bucket]:
                 values = received[piece.at : piece.at + piece.stop - piece.start]
                 shape = self.variables[piece.index].shape
-                pieces[piece.index] = tf.reshape(values, shape) if self.whole else values
+                pieces[piece.index] = (
+                    values if piece.index in self.split else tf.reshape(values, shape)
+                )
             if not self.held[bucket]:  # a stand-in from what came, or the graph drops the op
                 first = indices[0]
                 pieces[first] = tf.reshape(received[:0], self._empty(first))
@@ -200,12 +216,12 @@ class Shards:
         return tf.cast(tf.sqrt(total), tf.float32)
 
     def apply(self, optimizer: Any, gradients: list[tf.Tensor], finite: tf.Tensor) -> None:
-        """Updates this rank's pieces with their `gradients` and gives every rank every rank's
-        updated pieces. `finite`: whether the gradients were, on every rank (a
+        """Updates what this rank holds with its `gradients` and gives every rank every rank's
+        updated parameters. `finite`: whether the gradients were, on every rank (a
         LossScaleOptimizer skips, or not, on all ranks alike)."""
-        for index, value in enumerate(self.cut([v.value for v in self.variables])):
-            if index in self.pieces:
-                self.tensors[index].assign(value)
+        for index in sorted(self.split.intersection(self.pieces)):  # runs: copied in
+            piece, variable = self.pieces[index], self.variables[index]
+            self.tensors[index].assign(tf.reshape(variable.value, [-1])[piece.start : piece.stop])
         optimizer.agreed_finite = finite
         try:
             optimizer.apply_own(gradients, self.tensors)
@@ -214,24 +230,21 @@ class Shards:
         self.gather()
 
     def gather(self) -> None:
-        """Every rank's pieces into every rank's model variables: an allgather of each bucket's
-        cuts, which are its elements end to end. One bucket at a time: each waits until the one
-        before is in the model, so that no more than one is held twice."""
-        partition = self.partition
+        """Every rank's parts into every rank's model variables: a grouped allgather of each
+        bucket's parameters, each rank sending what it holds of each (all of it, its run, or
+        nothing: a stand-in's value, not a constant, as `cut` says). Each parameter arrives
+        in a buffer of its own, which its variable may keep (one buffer for the bucket would
+        be kept whole by any of them). One bucket at a time: each waits until the one before
+        is in the model, so that no more than one is held twice."""
         assigned: list[Any] = []
-        for bucket, pieces in enumerate(self.held):
-            # Holding none of the bucket, this rank sends a stand-in's nothing: a variable's
-            # value, not a constant (`cut` says why).
-            indices = [p.index for p in pieces] or partition.buckets[bucket][:1]
+        for bucket, indices in enumerate(self.partition.buckets):
             with tf.control_dependencies(assigned):
-                sent = tf.concat([tf.reshape(self.tensors[i].value, [-1]) for i in indices], 0)
-            whole = hvd.allgather(sent, name=f"hvd_train.weights.{bucket}")
+                sent = [tf.reshape(self.tensors[index].value, [-1]) for index in indices]
+            gathered = hvd.grouped_allgather(sent, name=f"hvd_train.weights.{bucket}")
             assigned = []
-            for index in partition.buckets[bucket]:
-                start, size = partition.starts[bucket][index], partition.sizes[index]
+            for index, values in zip(indices, gathered, strict=True):
                 variable = self.variables[index].value  # the tf.Variable: its assign is an op
-                assigned.append(variable.assign(tf.reshape(whole[start : start + size],
-                                                           variable.shape)))  # fmt: skip
+                assigned.append(variable.assign(tf.reshape(values, variable.shape)))
 
     def arrays(self, variables: list[Any]) -> Arrays:
         """The optimizer's `variables` whole, onto rank 0 (the others get nothing), keyed as an
@@ -267,7 +280,7 @@ class Shards:
                                   name=f"hvd_train.optimizer.{at}")  # fmt: skip
             if slot.kind == "elements":
                 piece = self.pieces.get(slot.index)
-                if piece is not None:
-                    variable.assign(tf.reshape(whole, [-1])[piece.start : piece.stop])
+                if piece is not None:  # a copy: a slice would keep `whole` (`_held` says why)
+                    variable.assign(whole.numpy().reshape(-1)[piece.start : piece.stop].copy())
             elif slot.kind == "same" or slot.owner == self.rank:
                 variable.assign(whole)
