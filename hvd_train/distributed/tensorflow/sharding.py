@@ -36,6 +36,39 @@ ELEMENT_WISE = (
 )  # fmt: skip
 
 
+# With shard = "gradients", the backward pass makes a bucket's gradients only once the bucket
+# this many before it has been reduce-scattered: so that the pass, which would run on ahead of
+# the exchange, holds no more than a few buckets' gradients (docs/sharding.md, "Memory").
+HELD_BACK = 2
+
+
+def _hold_back(gradients: list[tf.Tensor], sent: tf.Tensor, upstream: set[Any]) -> None:
+    """Makes the ops that give `gradients` wait for the op that gives `sent`, in a graph being
+    traced (eagerly, the gradients are made already); but any that this op itself waits for
+    (found from its inputs, `upstream` holding what earlier calls found), which would never
+    run."""
+    if tf.executing_eagerly():
+        return
+    sending = sent.op
+    waiting, seen = [sending], upstream
+    while waiting:
+        op = waiting.pop()
+        for before in [*(tensor.op for tensor in op.inputs), *op.control_inputs]:
+            if before not in seen:
+                seen.add(before)
+                waiting.append(before)
+    for gradient in gradients:
+        made = gradient.op
+        if made not in seen and made.graph is sending.graph:
+            made._add_control_input(sending)
+
+
+def _nothing_of(tensor: tf.Tensor, shape: list[int]) -> tf.Tensor:
+    """An empty tensor of `shape` made from `tensor` (so, not a constant), keeping none of it:
+    an empty slice would share its buffer, and keep it until the slice is let go."""
+    return tf.zeros(shape, tensor.dtype) + tf.reduce_sum(tf.reshape(tensor, [-1])[:0])
+
+
 def innermost(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
     """The optimizer that keeps the state: the one a LossScaleOptimizer wraps, or itself."""
     return getattr(optimizer, "inner_optimizer", optimizer)
@@ -115,7 +148,7 @@ class Shards:
         for index, tensor in enumerate(tensors):
             piece = self.pieces.get(index)
             if piece is None:
-                cut.append(tf.reshape(tf.reshape(tensor, [-1])[:0], self._empty(index)))
+                cut.append(_nothing_of(tensor, self._empty(index)))
             elif index in self.split:
                 cut.append(tf.reshape(tensor, [-1])[piece.start : piece.stop])
             else:
@@ -178,11 +211,15 @@ class Shards:
         bucket's buffer is held."""
         pieces = self.cut(gradients)  # the stand-ins; the pieces held are replaced below
         partition, received = self.partition, None
+        upstream: set[Any] = set()  # the ops the reduce-scatters so far wait for
         for bucket, indices in enumerate(partition.buckets):
             with tf.control_dependencies([] if received is None else [received]):
                 buffer = tf.concat(self._parts(bucket, gradients), 0)
             received = hvd.reducescatter(buffer, op=hvd.Average, compression=self.compression,
                                          name=f"hvd_train.scatter.{bucket}")  # fmt: skip
+            if bucket + HELD_BACK < len(partition.buckets):
+                later = [gradients[index] for index in partition.buckets[bucket + HELD_BACK]]
+                _hold_back(later, received, upstream)
             for piece in self.held[bucket]:
                 values = received[piece.at : piece.at + piece.stop - piece.start]
                 shape = self.variables[piece.index].shape
@@ -191,7 +228,7 @@ class Shards:
                 )
             if not self.held[bucket]:  # a stand-in from what came, or the graph drops the op
                 first = indices[0]
-                pieces[first] = tf.reshape(received[:0], self._empty(first))
+                pieces[first] = _nothing_of(received, self._empty(first))
         return pieces
 
     def _parts(self, bucket: int, gradients: list[tf.Tensor]) -> list[tf.Tensor]:
