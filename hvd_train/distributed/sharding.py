@@ -94,7 +94,7 @@ def too_large(sizes: list[int], ranks: int) -> frozenset[int]:
     return frozenset(index for index, size in enumerate(sizes) if size > share / 2)
 
 
-def _aligned(edges: list[int], cut: int) -> int:
+def _aligned(edges: list[int], cut: float) -> int:
     """`cut` moved to the nearest multiple of ALIGNMENT elements into its parameter (or its
     end): torch's fused CPU kernels take a tensor in vectors of up to 16 elements, and the
     last few alone, with other roundings; a piece cut so is taken in the same vectors as its
@@ -121,6 +121,6 @@ def _nearest(bounds: list[tuple[int, int, bool]], cut: float) -> int:
     whether it may), else on the parameters' edge nearest it (the lower of two as near)."""
     for first, last, split in bounds:
         if split and first < cut < last:
-            return min(first + round((cut - first) / ALIGNMENT) * ALIGNMENT, last)
+            return _aligned([first, last], cut)
     edges = [bounds[0][0], *(last for _, last, _ in bounds)] if bounds else [0]
     return min(edges, key=lambda edge: (abs(edge - cut), edge))
