@@ -50,9 +50,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +84,37 @@ def environment() -> dict[str, str]:
             "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}  # fmt: skip
 
 
-def checked(jobs: list[subprocess.Popen[str]]) -> list[str]:
-    outputs = [job.communicate(timeout=1800)[0] for job in jobs]
-    for job, output in zip(jobs, outputs, strict=True):
-        if job.returncode != 0:
-            raise RuntimeError(f"{job.args} failed:\n{output[-3000:]}")
-    return outputs
+def checked(jobs: list[subprocess.Popen[str]], timeout: float = 1800) -> list[str]:
+    """The jobs' outputs, once all have ended well. Where one fails, or `timeout` passes, the
+    others are stopped, each with its process group (started with `start_new_session`): a
+    torchrun whose peer host has gone waits for it for good. The error names the job that
+    failed (or those that ran out of time), with the end of its output."""
+    outputs: dict[int, str] = {}
+
+    def read(number: int) -> None:
+        outputs[number] = jobs[number].communicate()[0]
+
+    readers = [threading.Thread(target=read, args=(number,)) for number in range(len(jobs))]
+    for reader in readers:
+        reader.start()
+    deadline, stopped = time.monotonic() + timeout, set()
+    while any(job.poll() is None for job in jobs):
+        failed = any(job.poll() not in (None, 0) for job in jobs)
+        if failed or time.monotonic() > deadline:
+            stopped = {number for number, job in enumerate(jobs) if job.poll() is None}
+            for number in stopped:
+                os.killpg(jobs[number].pid, signal.SIGKILL)
+            break
+        time.sleep(0.5)
+    for reader in readers:
+        reader.join()
+    for number, job in enumerate(jobs):
+        if job.wait() != 0 and number not in stopped:
+            raise RuntimeError(f"{job.args} exited {job.returncode}:\n{outputs[number][-3000:]}")
+    if stopped:
+        late = [jobs[number].args for number in sorted(stopped)]
+        raise RuntimeError(f"still running after {timeout:.0f} s, and stopped: {late}")
+    return [outputs[number] for number in range(len(jobs))]
 
 
 def bench(hosts: Hosts, recipe: str, steps: int, extra: list[str]) -> dict[str, Any]:
@@ -97,7 +125,7 @@ def bench(hosts: Hosts, recipe: str, steps: int, extra: list[str]) -> dict[str, 
                PYTHON, "-m", "hvd_train", "bench", "--recipe", recipe, "--synthetic", "--json",
                "--steps", str(steps), "--warmup", "8", *extra]  # fmt: skip
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=environment(), cwd=ROOT)  # fmt: skip
+                           env=environment(), cwd=ROOT, start_new_session=True)  # fmt: skip
     [figures] = results(checked([job]))
     return figures
 
@@ -119,7 +147,8 @@ def torchrun(hosts: Hosts, recipe: str, steps: int, mode: str = "ddp") -> dict[s
                    "--rdzv-conf", f"is_host={str(number == 0).lower()}", "--local-addr", address,
                    "-m", "benchmarks.torch_baselines", mode, recipe, str(steps)]  # fmt: skip
         jobs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=ROOT, env=gloo))  # fmt: skip
+                                     text=True, cwd=ROOT, env=gloo,
+                                     start_new_session=True))  # fmt: skip
     [figures] = results(checked(jobs))
     return figures
 
