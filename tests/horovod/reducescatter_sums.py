@@ -19,13 +19,13 @@ def main() -> None:
     per_rank, rounds = int(sys.argv[1]), int(sys.argv[2])
     size, rank = hvd.size(), hvd.rank()
     pattern = torch.arange(per_rank * size, dtype=torch.float32) % 1024
+    mine = pattern[rank * per_rank : (rank + 1) * per_rank]  # the pattern of this rank's part
     wrong = []
     for number in range(rounds):
         # Rank r sends pattern + 1000 (r + 1) + number: each rank's values differ from its peers'.
         sent = pattern + 1000 * (rank + 1) + number
         part = hvd.reducescatter(sent, op=hvd.Sum, name="sums")
-        whole = pattern * size + 1000 * size * (size + 1) // 2 + size * number
-        expected = whole[rank * per_rank : (rank + 1) * per_rank]
+        expected = mine * size + 1000 * size * (size + 1) // 2 + size * number
         if not torch.equal(part, expected):
             first = int((part != expected).nonzero()[0])
             wrong.append({"round": number, "first_wrong": first, "of": per_rank})
