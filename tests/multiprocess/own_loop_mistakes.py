@@ -67,3 +67,16 @@ elif mistake == "shard-unshardable":
 elif mistake == "save-other-values":
     model, optimizer = dist.setup(*model_and_optimizer())
     dist.save(output_dir, {"model": model, "optimizer": optimizer, "epoch": dist.rank})
+elif mistake in ("rate-after-backward", "zero-grad-before-step"):  # torch, sharded
+    import torch
+
+    # A layer of 4.5 MB, then a small one: two buckets, one leaving within the backward pass.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 1024), torch.nn.Linear(1024, 1100))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = dist.setup(model, optimizer, shard="gradients")
+    dist.backward(model(torch.ones(2, 3)).sum())
+    if mistake == "rate-after-backward":
+        optimizer.param_groups[0]["lr"] = 0.05
+        optimizer.step()
+    else:
+        optimizer.zero_grad()

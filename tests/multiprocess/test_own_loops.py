@@ -91,7 +91,27 @@ MISTAKES = {
      for m, (ranks, _) in MISTAKES.items()],
 )  # fmt: skip
 def test_a_mistake_with_the_layer_is_one_line_and_exit_2(mistake, framework, tmp_path):
-    ranks, message = MISTAKES[mistake]
+    said_in_one_line(mistake, framework, tmp_path, *MISTAKES[mistake])
+
+
+# Sharded under torch, a bucket's pieces are updated as their averages arrive, in the backward
+# pass: what changes between it and the step, or a pass with no step, is told.
+SHARDED_MISTAKES = {
+    "rate-after-backward": "the optimizer's lr changed between the backward pass and step()",
+    "zero-grad-before-step": "optimizer.zero_grad() came between a backward pass and its step()",
+}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("mistake", SHARDED_MISTAKES)
+def test_a_sharded_loop_s_step_out_of_its_place_is_one_line_and_exit_2(mistake, tmp_path):
+    said_in_one_line(mistake, "torch", tmp_path, 2, SHARDED_MISTAKES[mistake])
+
+
+def said_in_one_line(mistake: str, framework: str, tmp_path: Path, ranks: int,
+                     message: str) -> None:  # fmt: skip
+    """own_loop_mistakes.py MISTAKE, alone or at np=2: one line saying `message`, exit code 2,
+    nothing written."""
     if mistake == "load-another-model":
         alone(script("own_loop_mistakes.py"), "save", framework, str(tmp_path))
     saved = sorted(tmp_path.rglob("*"))

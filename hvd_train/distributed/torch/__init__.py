@@ -237,6 +237,9 @@ class TorchBackend(Backend):
     ) -> StepResult:
         started = time.perf_counter()
         self.exchange.began = started
+        # Set before the backward pass: sharded, the update may begin within it.
+        for group, ratio in zip(self.optimizer.param_groups, self.rate_ratios, strict=True):
+            group["lr"] = learning_rate * ratio
         losses = []
         for index, (x, y) in enumerate(batches):
             self.net.reseed(seed + index)
@@ -251,8 +254,6 @@ class TorchBackend(Backend):
         averaged = self.exchange.synchronize(np.append(carry, float(mean)))
         synced = time.perf_counter()
         hide = computed - (self.exchange.first_full or computed)
-        for group, ratio in zip(self.optimizer.param_groups, self.rate_ratios, strict=True):
-            group["lr"] = learning_rate * ratio
         self.stepping.measured = True  # the step reports the norm
         self.optimizer.step()
         self.exchange.clear()

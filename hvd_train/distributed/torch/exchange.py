@@ -76,6 +76,10 @@ class Bucketed:
     # Whether the last bucket waits for the step (it carries the control values).
     last_waits = True
     gradients: torch.Tensor  # where the optimizer reads the averages (all, or this rank's part)
+    # Sharded: called as a bucket leaves within the backward pass, and with each bucket whose
+    # averages are in place, as soon as they are.
+    leaving: Callable[[], None] | None = None
+    landed: Callable[[int], None] | None = None
 
     def __init__(self, parameters: list[torch.Tensor], passes: int, overlap: bool | str,
                  exchanges: bool) -> None:  # fmt: skip
@@ -113,6 +117,8 @@ class Bucketed:
         """A gradient arrived (`_arrived`); a bucket whose gradients have all arrived in the
         step's last pass leaves, where the step overlaps."""
         self._arrived(index, parameter)
+        if self.landed is not None:
+            self._collect(0)  # what has arrived goes on at once (its update, sharded)
         if self.holding:
             return
         self.arrived[bucket] += 1
@@ -120,6 +126,8 @@ class Bucketed:
             self.first_full = self.first_full or time.perf_counter()
             waits = self.last_waits and bucket == len(self.buckets) - 1
             if self.choice.overlap and self.exchanges and not waits:
+                if self.leaving is not None:
+                    self.leaving()
                 self._send_bucket(bucket)
 
     def clear(self) -> None:
@@ -130,6 +138,11 @@ class Bucketed:
         """What a subclass does with a gradient as it arrives."""
 
     def _send_bucket(self, bucket: int) -> None:
+        raise NotImplementedError
+
+    def _collect(self, least: int) -> None:
+        """What has arrived into place: at least the `least` sent first (waiting for them),
+        and any other that is done."""
         raise NotImplementedError
 
     def _claim(self) -> None:
@@ -174,7 +187,8 @@ class Exchange(Bucketed):
                  device: torch.device, passes: int, overlap: bool | str,
                  exchanges: bool) -> None:  # fmt: skip
         self.travel = travel
-        self.sent: list[tuple[torch.Tensor, Any]] = []  # a part of `flat`, and its handle
+        # The buckets in a part of `flat` on its way, the part, and its handle.
+        self.sent: list[tuple[list[int], torch.Tensor, Any]] = []
         super().__init__(parameters, passes, overlap, exchanges)
         dtype = self.dtype
         self.carries_control = travel is None and dtype in (torch.float32, torch.float64)
@@ -209,11 +223,29 @@ class Exchange(Bucketed):
             parameter.grad = view
 
     def _send_bucket(self, bucket: int) -> None:
-        self._send(self.parts[bucket], f"hvd_train.step.{bucket}")
+        self._send([bucket], self.parts[bucket], f"hvd_train.step.{bucket}")
 
-    def _send(self, part: torch.Tensor, name: str) -> None:
+    def _send(self, buckets: list[int], part: torch.Tensor, name: str) -> None:
         sent = part if self.travel is None else part.to(self.travel)
-        self.sent.append((part, hvd.allreduce_async_(sent, op=hvd.Average, name=name)))
+        handle = hvd.allreduce_async_(sent, op=hvd.Average, name=name)
+        self.sent.append((buckets, part, handle))
+
+    def _collect(self, least: int) -> None:
+        """The averages Horovod is done with into `flat` (and `landed`): at least those of the
+        `least` parts sent first (waiting for them), and any other's that is done."""
+        kept = []
+        for number, (landing, part, handle) in enumerate(self.sent):
+            if number >= least and not hvd.poll(handle):
+                kept.append((landing, part, handle))
+                continue
+            average = hvd.synchronize(handle)
+            if self.travel is not None:
+                part.copy_(average)
+            landed = self.landed
+            if landed is not None:
+                for bucket in landing:
+                    landed(bucket)
+        self.sent = kept
 
     def _claim(self) -> None:
         """Every .grad a view of the buffer again: a gradient that arrived while a .grad was
@@ -241,16 +273,15 @@ class Exchange(Bucketed):
         if self.choice.overlap:
             for bucket, part in enumerate(self.parts):
                 if not self.full(bucket) or bucket == len(self.parts) - 1:
-                    self._send(part, f"hvd_train.step.{bucket}")
+                    self._send([bucket], part, f"hvd_train.step.{bucket}")
         else:
-            self._send(self.flat, "hvd_train.step")
-        # Taken before waiting: a wait that fails (a rank lost, under the elastic driver) must
-        # not leave its handles to the step after the reset, which would wait on them again.
-        sent, self.sent = self.sent, []
-        for part, handle in sent:
-            average = hvd.synchronize(handle)
-            if self.travel is not None:
-                part.copy_(average)
+            self._send(list(range(len(self.parts))), self.flat, "hvd_train.step")
+        try:
+            self._collect(len(self.sent))
+        finally:
+            # A wait that fails (a rank lost, under the elastic driver) must not leave its
+            # handles to the step after the reset, which would wait on them again.
+            self.sent = []
         if not len(control):
             return control
         if control_handle is not None:
@@ -275,12 +306,23 @@ class Stepping:
     or `measured`) and clipped to `clip_norm` (0: not clipped), then the update, skipped alike
     on every rank where fp16's gradients overflowed. Sharded (`shards`), the optimizer updates
     this rank's pieces, from its part of the averages, and every rank's updated pieces then
-    reach every rank."""
+    reach every rank. Where nothing needs all the averages before the update (no clipping, no
+    fp16 loss scale) and an element-wise optimizer, each bucket's pieces are updated as soon as
+    its averages arrive (`early`), during the backward pass, and are on their way to every rank
+    while the pass goes on: where buckets leave within the pass, the optimizer's settings (its
+    learning rate) must be set before it, which the step checks."""
 
     def __init__(self, exchange: Bucketed, scaler: torch.amp.GradScaler | None,
                  clip_norm: float, shards: Any = None) -> None:  # fmt: skip
         self.exchange, self.scaler, self.clip_norm = exchange, scaler, clip_norm
         self.shards = shards
+        self.early = shards is not None and scaler is None and not clip_norm and (
+            shards.element_wise)  # fmt: skip
+        self.optimizer_step: Callable[[], Any] | None = None  # its own step (`distribute`)
+        # The optimizer's settings as the step's first bucket left in its backward pass.
+        self.settings: list[dict[str, Any]] | None = None
+        if self.early:
+            exchange.leaving, exchange.landed = self._leaving, self._landed
         self.measured = False  # whether each step takes the norm (a recipe's step reports it)
         self.norm = torch.zeros(())  # of the last step's averaged gradients, before clipping
         self.inside = False  # in the optimizer's own step, called by GradScaler
@@ -294,6 +336,16 @@ class Stepping:
             yield
         finally:
             self.inside = False
+
+    def _leaving(self) -> None:
+        """A bucket leaves in the backward pass: its update will take the settings of now."""
+        if self.settings is None:
+            self.settings = settings(self.shards.optimizer)
+
+    def _landed(self, bucket: int) -> None:
+        """`bucket`'s averages are in: its pieces updated at once (`early`)."""
+        assert self.optimizer_step is not None, "distribute sets it"
+        self.shards.update(bucket, self.optimizer_step)
 
     def update(self, optimizer: torch.optim.Optimizer, own_step: Callable[[], Any]) -> None:
         if self.scaler is not None and not self.scaled:
@@ -318,8 +370,11 @@ class Stepping:
             clipped = shards.tensors.values() if shards else self.exchange.parameters
             nn.utils.clip_grads_with_norm_(list(clipped), self.clip_norm, norm)
         self.inside = True
+        changed = None
         try:
-            if self.scaler is None:
+            if self.early:  # each bucket updated as its averages arrived
+                changed = self.settings and changed_setting(self.settings, settings(optimizer))
+            elif self.scaler is None:
                 own_step()
             else:  # the same averaged gradients on every rank: all skip an overflow alike
                 self.scaler.step(optimizer)
@@ -327,10 +382,19 @@ class Stepping:
                 norm = norm if norm.isfinite() else torch.zeros(())  # a skipped step, no fault
         finally:
             self.inside = self.scaled = False
+            self.settings = None
             self.exchange.stepped()
         if shards is not None:
             shards.gather()
         self.norm = norm
+        if changed:
+            raise UsageError(
+                f"the optimizer's {changed} changed between the backward pass and step(); "
+                "sharded, each rank updates its part of the parameters as their averages arrive "
+                "in the backward pass, with the settings of that moment: set it before the "
+                "backward pass (as a scheduler stepped after optimizer.step() does)",
+                every_rank=True,
+            )
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -342,7 +406,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
     _stepping: Stepping
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self._stepping.exchange.clear()
+        stepping = self._stepping
+        if stepping.settings is not None:  # buckets left in the pass (sharded), no step
+            raise UsageError(
+                "optimizer.zero_grad() came between a backward pass and its step(); sharded, "
+                "each rank updates its part of the parameters as their averages arrive in the "
+                "backward pass, so that pass has begun the update: call optimizer.step() after "
+                "each backward pass",
+                every_rank=True,
+            )
+        stepping.exchange.clear()
 
     def step(self, closure: Any = None, **kwargs: Any) -> Any:
         stepping = self._stepping
@@ -357,9 +430,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return None
 
 
+def settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each group's settings (all but its parameters), as they are now."""
+    return [{key: value.clone() if isinstance(value, torch.Tensor) else value
+             for key, value in group.items() if key != "params"}
+            for group in optimizer.param_groups]  # fmt: skip
+
+
+def changed_setting(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> str | None:
+    """The name of a setting that differs between `before` and `now`, or None."""
+    for old, new in zip(before, now, strict=True):
+        for key in old.keys() | new.keys():
+            a, b = old.get(key), new.get(key)
+            tensors = isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)
+            if not (torch.equal(torch.as_tensor(a), torch.as_tensor(b)) if tensors else a == b):
+                return key
+    return None
+
+
 def distribute(optimizer: torch.optim.Optimizer, stepping: Stepping) -> None:
     """Makes `optimizer` a `DistributedOptimizer`, stepping as `stepping` says."""
     own = type(optimizer)
+    stepping.optimizer_step = functools.partial(own.step, optimizer)
     distributed = type(own.__name__, (DistributedOptimizer, own), {})
     optimizer.__class__ = distributed
     optimizer._stepping = stepping  # type: ignore[attr-defined]

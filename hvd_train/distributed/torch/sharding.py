@@ -15,7 +15,9 @@ edges that even out what each rank holds over all the buckets. Where a bucket is
 reduce-scattered, each cut is padded to the longest (Horovod splits a tensor evenly). The
 optimizer the loop made stays the loop's object: its groups hold this rank's pieces instead of
 the parameters (views of them, so its update lands in the model), and a schedule made for it
-goes on working. docs/sharding.md says more.
+goes on working. Where the step allows (`Stepping.early`), each bucket's pieces are updated as
+their averages arrive, in the backward pass, and their allgather leaves at once, so that the
+weights travel behind the pass. docs/sharding.md says more.
 """
 
 from __future__ import annotations
@@ -48,15 +50,28 @@ ELEMENT_WISE = (
     torch.optim.Rprop, torch.optim.ASGD,
 )  # fmt: skip
 
-# How many buckets' collectives a rank keeps on their way while it prepares the next (their
-# buffers held): more hold more at once for little time won (docs/history.md, "Sharding").
-IN_FLIGHT = 1
+# The bytes of the buffers a rank keeps on their way (reduce-scattered gradients, gathered
+# weights) while it goes on, beside the last bucket sent: more hold more at once, fewer keep
+# the backward pass waiting on a slow link (docs/history.md, "Sharding").
+IN_FLIGHT_BYTES = 32 * 2**20
 
 
 def partition(parameters: list[torch.Tensor], buckets: list[list[int]], ranks: int,
               whole: bool) -> Partition:  # fmt: skip
     """The cuts of the exchange's `buckets` of `parameters` among `ranks`."""
     return Partition([p.numel() for p in parameters], buckets, ranks, whole)
+
+
+def waited(sizes: list[int]) -> int:
+    """Of the buffers on their way (their bytes, the first sent first), how many of the first
+    must arrive before the rank goes on: all but the last ones that IN_FLIGHT_BYTES holds
+    (the last sent always travels)."""
+    held = 0
+    for number in reversed(range(len(sizes))):
+        held += sizes[number]
+        if held > IN_FLIGHT_BYTES and number < len(sizes) - 1:
+            return number + 1
+    return 0
 
 
 def flat_gradient(gradients: torch.Tensor, partition: Partition, rank: int, bucket: int,
@@ -90,12 +105,23 @@ class Shards:
                 tensor.grad = laid_out(grad, parameter) if whole else grad
                 self.tensors[piece.index] = tensor
         positions = {id(p): index for index, p in enumerate(parameters)}
+        bucket_of = {p.index: bucket for bucket, pieces in enumerate(self.held) for p in pieces}
         self.order: list[int] = []  # the parameters held, in the optimizer's order
+        # Per bucket, per group of the optimizer, the pieces it holds (what `update` steps).
+        self.grouped: list[list[list[torch.Tensor]]] = [[] for _ in self.held]
         for group in optimizer.param_groups:
             indices = [positions[id(p)] for p in group["params"]]
-            group["params"] = [self.tensors[i] for i in indices if i in self.tensors]
-            self.order += [i for i in indices if i in self.tensors]
+            indices = [i for i in indices if i in self.tensors]
+            group["params"] = [self.tensors[i] for i in indices]
+            self.order += indices
+            for bucket, grouped in enumerate(self.grouped):
+                grouped.append([self.tensors[i] for i in indices if bucket_of[i] == bucket])
         optimizer.state.clear()
+        self.optimizer = optimizer
+        self.element_wise = type(optimizer) in ELEMENT_WISE
+        # A bucket, its allgather's handle, and the bytes it brings.
+        self.gathering: list[tuple[int, Any, int]] = []
+        self.updated: set[int] = set()  # the buckets `update` updated in this step
         self.gradients = [t.grad for t in self.tensors.values() if t.grad is not None]
 
     def norm(self) -> torch.Tensor:
@@ -119,22 +145,60 @@ class Shards:
         if not found:  # this rank holds nothing: it steps, or skips, with the others
             found[device] = agreed.reshape(()).to(device)
 
+    def update(self, bucket: int, step: Callable[[], Any]) -> None:
+        """The optimizer's `step` over this rank's pieces of `bucket` alone, as soon as their
+        averages are in; then the pieces on their way to every rank (`send`)."""
+        groups = self.optimizer.param_groups
+        kept = [group["params"] for group in groups]
+        try:
+            for group, params in zip(groups, self.grouped[bucket], strict=True):
+                group["params"] = params
+            if self.held[bucket]:
+                step()
+        finally:
+            for group, params in zip(groups, kept, strict=True):
+                group["params"] = params
+        self.updated.add(bucket)
+        self.send(bucket)
+        self.land(0)
+
+    def send(self, bucket: int) -> None:
+        """This rank's pieces of `bucket`, updated, on their way to every rank (an
+        allgather)."""
+        parts = [self.memory[p.index][p.start : p.stop] for p in self.held[bucket]]
+        sent = parts[0] if len(parts) == 1 else torch.cat(parts or [self.nothing])
+        handle = hvd.allgather_async(sent, name=f"hvd_train.weights.{bucket}")
+        size = self.partition.cuts[bucket][-1] * self.nothing.element_size()
+        self.gathering.append((bucket, handle, size))
+
+    def land(self, least: int) -> None:
+        """The buckets whose allgather Horovod is done with into every rank's parameters: at
+        least the `least` sent first (waiting for them), and any other that is done."""
+        partition, kept = self.partition, []
+        try:
+            for number, (bucket, handle, size) in enumerate(self.gathering):
+                if number >= least and not hvd.poll(handle):
+                    kept.append((bucket, handle, size))
+                    continue
+                whole, starts = hvd.synchronize(handle), partition.starts[bucket]
+                with torch.no_grad():
+                    for index in partition.buckets[bucket]:
+                        size, start = partition.sizes[index], starts[index]
+                        self.memory[index].copy_(whole[start : start + size])
+        finally:
+            # A wait that fails must not leave its handles to a later step.
+            self.gathering = kept
+
     def gather(self) -> None:
-        """Every rank's updated pieces into every rank's parameters: an allgather of each
-        bucket's cuts, IN_FLIGHT at a time, so that no more than those are held twice."""
-        partition, waiting = self.partition, []
-        for bucket, pieces in enumerate(self.held):
-            parts = [self.memory[p.index][p.start : p.stop] for p in pieces] or [self.nothing]
-            sent = parts[0] if len(parts) == 1 else torch.cat(parts)
-            waiting.append((bucket, hvd.allgather_async(sent, name=f"hvd_train.weights.{bucket}")))
-            if len(waiting) >= IN_FLIGHT or bucket == len(self.held) - 1:
-                for done, handle in waiting:
-                    whole, starts = hvd.synchronize(handle), partition.starts[done]
-                    with torch.no_grad():
-                        for index in partition.buckets[done]:
-                            size, start = partition.sizes[index], starts[index]
-                            self.memory[index].copy_(whole[start : start + size])
-                waiting = []
+        """Every rank's updated pieces into every rank's parameters, those of the buckets not
+        sent yet (`update`) an allgather at a time, IN_FLIGHT_BYTES of them on their way at
+        most, so that no more than those are held twice."""
+        for bucket in range(len(self.held)):
+            if bucket not in self.updated:
+                self.send(bucket)
+                self.land(waited([size for _, _, size in self.gathering]))
+        self.land(len(self.gathering))
+        self.updated.clear()
 
 
 class ScatteringExchange(Bucketed):
@@ -151,7 +215,7 @@ class ScatteringExchange(Bucketed):
                  travel: torch.dtype | None, device: torch.device, passes: int,
                  overlap: bool | str, exchanges: bool) -> None:  # fmt: skip
         self.rank, self.travel, self.device = rank, travel, device
-        self.sent: list[tuple[int, Any]] = []  # a bucket, and its handle
+        self.sent: list[tuple[int, Any, int]] = []  # a bucket, its handle, its buffer's bytes
         # "auto" weighs time alone; here a bucket that leaves as it fills also lets its
         # gradients go before the pass ends, which is what sharding them is for.
         super().__init__(parameters, passes, True if overlap == "auto" else overlap, exchanges)
@@ -194,21 +258,23 @@ class ScatteringExchange(Bucketed):
                     buffer[at : at + high - low] = values[low - first : high - first]
         self.unsent.discard(bucket)
         handle = hvd.reducescatter_async(buffer, op=hvd.Average, name=f"hvd_train.scatter.{bucket}")
-        self.sent.append((bucket, handle))
-        self._collect(len(self.sent) - IN_FLIGHT)
+        self.sent.append((bucket, handle, buffer.numel() * buffer.element_size()))
+        self._collect(waited([size for _, _, size in self.sent]))
 
     def _collect(self, least: int) -> None:
         """The averaged cuts Horovod is done with into `gradients`: at least the `least` sent
         first (waiting for them), and any other that is done."""
         kept = []
-        for number, (bucket, handle) in enumerate(self.sent):
+        for number, (bucket, handle, size) in enumerate(self.sent):
             if number >= least and not hvd.poll(handle):
-                kept.append((bucket, handle))
+                kept.append((bucket, handle, size))
                 continue
             received = hvd.synchronize(handle)
             cuts, at = self.partition.cuts[bucket], self.partition.offsets[bucket]
             mine = cuts[self.rank + 1] - cuts[self.rank]
             self.gradients[at : at + mine].copy_(received[:mine])
+            if self.landed is not None:
+                self.landed(bucket)
         self.sent = kept
 
     def _average(self, control: np.ndarray) -> np.ndarray:
