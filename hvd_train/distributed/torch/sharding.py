@@ -147,7 +147,8 @@ class Shards:
 
     def update(self, bucket: int, step: Callable[[], Any]) -> None:
         """The optimizer's `step` over this rank's pieces of `bucket` alone, as soon as their
-        averages are in; then the pieces on their way to every rank (`send`)."""
+        averages are in; then the pieces on their way to every rank (`send`), beside those
+        of other buckets within IN_FLIGHT_BYTES."""
         groups = self.optimizer.param_groups
         kept = [group["params"] for group in groups]
         try:
@@ -160,7 +161,7 @@ class Shards:
                 group["params"] = params
         self.updated.add(bucket)
         self.send(bucket)
-        self.land(0)
+        self.land(waited([size for _, _, size in self.gathering]))
 
     def send(self, bucket: int) -> None:
         """This rank's pieces of `bucket`, updated, on their way to every rank (an
