@@ -149,6 +149,24 @@ def test_the_trainer_s_checkpoints_do_not_say_how_they_were_sharded(framework, m
 
 
 @pytest.mark.torch
+def test_the_trainer_s_rates_reach_the_updates_within_the_backward_pass(mnist_dir, tmp_path):
+    # mnist_wide's gradients fill two buckets, so with overlap one bucket's pieces are updated
+    # within the backward pass, and its rate decays every step: each stage ends on the
+    # unsharded run's checkpoint (the rate set between the pass and the step would differ, or
+    # stop the run).
+    common = ["--recipe", str(Path(__file__).parent / "mnist_wide.toml"), "--framework", "torch",
+              "--data-dir", str(mnist_dir), "--limit-steps", "6", "--seed", "5",
+              "--set", "horovod.overlap=true"]  # fmt: skip
+    runs = {shard: tmp_path / shard for shard in ("none", *STAGES)}
+    trainings(*[[*common, "--output-dir", str(out), "--set", f'horovod.shard="{shard}"']
+                for shard, out in runs.items()])  # fmt: skip
+    for kept in ("model.safetensors", "optimizer.safetensors"):
+        whole = saved_weights(runs["none"], 1, kept=kept)
+        for stage in STAGES:
+            assert_same_weights(whole, saved_weights(runs[stage], 1, kept=kept))
+
+
+@pytest.mark.torch
 def test_shard_with_one_rank_says_once_that_it_trains_unsharded(mnist_dir, tmp_path):
     result = alone("-m", "hvd_train", "--recipe", "mnist_cnn", "--data-dir", str(mnist_dir),
                    "--epochs", "1", "--limit-steps", "2", "--output-dir", str(tmp_path),

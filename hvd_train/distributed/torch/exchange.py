@@ -372,8 +372,9 @@ class Stepping:
         self.inside = True
         changed = None
         try:
-            if self.early:  # each bucket updated as its averages arrived
-                changed = self.settings and changed_setting(self.settings, settings(optimizer))
+            if self.early:  # every bucket was updated as its averages arrived
+                if self.settings is not None:  # some within the backward pass
+                    changed = changed_setting(self.settings, settings(optimizer))
             elif self.scaler is None:
                 own_step()
             else:  # the same averaged gradients on every rank: all skip an overflow alike

@@ -177,9 +177,10 @@ class Shards:
         least the `least` sent first (waiting for them), and any other that is done."""
         partition, kept = self.partition, []
         try:
-            for number, (bucket, handle, size) in enumerate(self.gathering):
+            for number, entry in enumerate(self.gathering):
+                bucket, handle, _ = entry
                 if number >= least and not hvd.poll(handle):
-                    kept.append((bucket, handle, size))
+                    kept.append(entry)
                     continue
                 whole, starts = hvd.synchronize(handle), partition.starts[bucket]
                 with torch.no_grad():
@@ -266,9 +267,10 @@ class ScatteringExchange(Bucketed):
         """The averaged cuts Horovod is done with into `gradients`: at least the `least` sent
         first (waiting for them), and any other that is done."""
         kept = []
-        for number, (bucket, handle, size) in enumerate(self.sent):
+        for number, entry in enumerate(self.sent):
+            bucket, handle, _ = entry
             if number >= least and not hvd.poll(handle):
-                kept.append((bucket, handle, size))
+                kept.append(entry)
                 continue
             received = hvd.synchronize(handle)
             cuts, at = self.partition.cuts[bucket], self.partition.offsets[bucket]
