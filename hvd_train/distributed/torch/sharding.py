@@ -2,7 +2,7 @@
 
 With "optimizer" (ZeRO-1) the gradients are averaged as ever, and each rank updates only its
 part of the parameters, so it keeps the optimizer state of that part only; the updated parts
-reach every rank by allgather, a bucket at a time. With "gradients" (ZeRO-2) each bucket of
+reach every rank by an allgather per bucket. With "gradients" (ZeRO-2) each bucket of
 gradients is reduce-scattered instead of allreduced, so a rank receives, and keeps, only the
 averages of its part, and lets a bucket's full gradients go as soon as they are sent.
 
@@ -192,9 +192,9 @@ class Shards:
             self.gathering = kept
 
     def gather(self) -> None:
-        """Every rank's updated pieces into every rank's parameters, those of the buckets not
-        sent yet (`update`) an allgather at a time, IN_FLIGHT_BYTES of them on their way at
-        most, so that no more than those are held twice."""
+        """Every rank's updated pieces into every rank's parameters: an allgather for each
+        bucket not sent yet (by `update`), with no more than IN_FLIGHT_BYTES of them on their
+        way (beside the last), so that little is held twice; then every bucket landed."""
         for bucket in range(len(self.held)):
             if bucket not in self.updated:
                 self.send(bucket)
