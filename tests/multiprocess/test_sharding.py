@@ -131,13 +131,7 @@ def test_the_trainer_s_checkpoints_do_not_say_how_they_were_sharded(framework, m
     common = ["--recipe", "mnist_cnn", "--framework", framework, "--data-dir", str(mnist_dir),
               "--epochs", "1", "--limit-steps", "12", "--seed", "5",
               "--set", "horovod.overlap=false"]  # fmt: skip
-    runs = {shard: tmp_path / shard for shard in ("none", *STAGES)}
-    trainings(*[[*common, "--output-dir", str(out), "--set", f'horovod.shard="{shard}"']
-                for shard, out in runs.items()])  # fmt: skip
-    for kept in ("model.safetensors", "optimizer.safetensors"):
-        whole = saved_weights(runs["none"], 1, kept=kept)
-        for stage in STAGES:
-            assert_same_weights(whole, saved_weights(runs[stage], 1, kept=kept))
+    runs = each_stage_ends_as_unsharded(common, tmp_path)
     resumed = {shard: tmp_path / f"resumed-{shard}" for shard in ("none", "optimizer")}
     for out in resumed.values():
         shutil.copytree(runs["gradients"], out)
@@ -157,6 +151,13 @@ def test_the_trainer_s_rates_reach_the_updates_within_the_backward_pass(mnist_di
     common = ["--recipe", str(Path(__file__).parent / "mnist_wide.toml"), "--framework", "torch",
               "--data-dir", str(mnist_dir), "--limit-steps", "6", "--seed", "5",
               "--set", "horovod.overlap=true"]  # fmt: skip
+    each_stage_ends_as_unsharded(common, tmp_path)
+
+
+def each_stage_ends_as_unsharded(common: list[str], tmp_path: Path) -> dict[str, Path]:
+    """`hvd-train COMMON` under each shard setting in one np=2 job: each stage's checkpoint
+    (weights and optimizer state) is the unsharded run's, tensor for tensor. Each run's
+    output directory, by setting."""
     runs = {shard: tmp_path / shard for shard in ("none", *STAGES)}
     trainings(*[[*common, "--output-dir", str(out), "--set", f'horovod.shard="{shard}"']
                 for shard, out in runs.items()])  # fmt: skip
@@ -164,6 +165,7 @@ def test_the_trainer_s_rates_reach_the_updates_within_the_backward_pass(mnist_di
         whole = saved_weights(runs["none"], 1, kept=kept)
         for stage in STAGES:
             assert_same_weights(whole, saved_weights(runs[stage], 1, kept=kept))
+    return runs
 
 
 @pytest.mark.torch
