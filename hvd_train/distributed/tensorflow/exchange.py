@@ -178,6 +178,14 @@ class DistributedOptimizer:
         clipped, norm = exchange.clipped(averaged, loss_scale(self))
         return exchange.apply(self, clipped, trainable_variables, norm)
 
+    def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> Any:
+        """Keras's sum over tf.distribute's replicas, here none (Horovod averaged the
+        gradients): its identity under the default strategy joins every gradient, so each
+        variable's update would wait for the last bucket's average, and, sharded, so would
+        every bucket's allgather (docs/history.md, "TensorFlow's update in the backward
+        pass")."""
+        return grads_and_vars
+
     def apply_own(self, grads: Any, trainable_variables: Any = None) -> Any:
         """The optimizer's own apply: gradients already averaged."""
         return super().apply(grads, trainable_variables)  # type: ignore[misc]
