@@ -79,7 +79,7 @@ def tensorflow_steps(dist: Distributed, shard: str,
     held = {
         "parameters": sum(int(np.prod(v.shape)) for v in variables),
         "weights": size(variables) + size(copies),
-        "gradients": size(pieces if shards is not None and shards.scattered else variables),
+        "gradients": size(pieces if shards is not None and shards.hold_back else variables),
         "optimizer": size(optimizer.variables),
     }
     return model, optimizer, held

@@ -4,7 +4,9 @@ each case below; rank 0 saves the weights and the whole optimizer state each set
 with into OUT/<case>-<shard>.npz (for one case, also what a loop sharding another way loaded
 from its checkpoint, OUT/<case>-<shard>-reloaded.npz), and prints `SHARDED {json}`: per case,
 the parameters each rank's optimizer held (whole or in pieces), and which of them were copies
-of the model's (`<case>-<shard>-copies`: under TensorFlow, the runs of parameters it splits).
+of the model's (`<case>-<shard>-copies`: under TensorFlow, the runs of parameters it splits);
+under TensorFlow also the kinds of Horovod op in the loop's traced step
+(`<case>-<shard>-sent`).
 
 Under torch every case is a loop's own steps (`backward`, `optimizer.step()`); under TensorFlow
 the loop's own `GradientTape` step for "adamw" and "adam-fp16-mixed" (where, in its second
@@ -84,6 +86,8 @@ def model() -> Any:
 
 
 Held = tuple[list[list[int]], list[list[int]]]  # the tensors' shapes, and the copies'
+# Under TensorFlow, the Horovod ops in the loop's own step, by "<case>-<shard>".
+SENT: dict[str, list[str]] = {}
 
 
 def run(case: str, shard: str, out: Path) -> Held:
@@ -146,6 +150,9 @@ def run_tensorflow(case: str, shard: str, out: Path) -> Held:
             dist.train_step(batches, dist.learning_rate, seed=step)
     keep(dist, out / f"{case}-{shard}.npz")
     if case == RELOADED:  # saved, then loaded by a loop that shards another way
+        graph = own_step.get_concrete_function(*batches[0], overflow).graph
+        SENT[f"{case}-{shard}"] = sorted({op.type for op in graph.get_operations()
+                                          if op.type.startswith("Horovod")})  # fmt: skip
         dist.save(out / f"{case}-{shard}", {"model": net, "optimizer": optimizer, "epoch": 1})
         other = Distributed("tensorflow")
         other.setup(model(), make(), shard=NEXT[shard], **settings)
@@ -174,6 +181,8 @@ def main() -> None:
     for case in cases:
         for shard in ("none", "optimizer", "gradients"):
             held[f"{case}-{shard}"], held[f"{case}-{shard}-copies"] = run(case, shard, out)
+            if f"{case}-{shard}" in SENT:
+                held[f"{case}-{shard}-sent"] = SENT[f"{case}-{shard}"]
     dist = Distributed(FRAMEWORK)
     everyone = dist.all_gather(held)
     dist.print("SHARDED " + json.dumps(everyone))

@@ -133,9 +133,9 @@ class TensorFlowBackend(Backend):
         return self.model, self.optimizer
 
     def _shard(self, variables: list[Any], shard: str) -> None:
-        """This rank's part of the optimizer's state (and of the averaged gradients, with
-        shard = "gradients"): the optimizer is built over what this rank holds of the
-        variables (`sharding.Shards`)."""
+        """This rank's part of the optimizer's state and of the averaged gradients (with
+        shard = "gradients", the backward pass held back too): the optimizer is built over
+        what this rank holds of the variables (`sharding.Shards`)."""
         why = sharding.refused(self.optimizer, shard)
         if why:
             raise UsageError(f'setup: shard = "{shard}": {why}')

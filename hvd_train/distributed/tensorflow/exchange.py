@@ -63,23 +63,18 @@ class Exchange:
         # With `[horovod] shard`, this rank's part of the training state (set by the backend).
         self.shards: Shards | None = None
 
-    @property
-    def scattered(self) -> bool:
-        """Whether the gradients arrive as this rank's pieces (shard = "gradients")."""
-        return self.shards is not None and self.shards.scattered
-
     def average(
         self, gradients: list[tf.Tensor], control: tf.Tensor | None, groups: list[list[int]]
     ) -> tuple[list[tf.Tensor], tf.Tensor | None]:
         """The gradients averaged over the ranks in one grouped allreduce per group (one
         negotiation each), the `control` values in the last. Horovod's grouped op takes one
         dtype, so under compression the control values, which travel at full precision, take
-        an allreduce of their own. Alone, nothing travels. With shard = "gradients", each
-        bucket is reduce-scattered instead, and this rank's pieces of the averages come back
+        an allreduce of their own. Alone, nothing travels. Sharded, each bucket is
+        reduce-scattered instead, and this rank's pieces of the averages come back
         (`Shards.cut`'s)."""
         if self.world_size == 1:
             return gradients, control
-        if self.shards is not None and self.scattered:
+        if self.shards is not None:
             if control is not None:
                 control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
             return self.shards.scatter(gradients), control
@@ -104,13 +99,10 @@ class Exchange:
         """The averaged gradients clipped to `clip_norm`, and their norm before clipping; under
         fp16-mixed they are still multiplied by the loss `scale`. Sharded, this rank's pieces
         of them (`Shards.cut`'s), and the norm over every rank's."""
-        shards = self.shards
-        if shards is not None and self.scattered:
-            norm = shards.norm(gradients) / scale
+        if self.shards is not None:
+            norm = self.shards.norm(gradients) / scale
         else:
             norm = tf.linalg.global_norm(gradients) / scale
-        if shards is not None and not self.scattered:
-            gradients = shards.cut(gradients)
         if self.clip_norm:
             gradients, _ = tf.clip_by_global_norm(gradients, self.clip_norm * scale,
                                                   use_norm=norm * scale)  # fmt: skip

@@ -9,7 +9,10 @@ their cuts come near even. Only a parameter too large to be held whole (over hal
 share, with an element-wise optimizer) is cut inside: this rank's run of it is a 1-D Keras
 variable of its own, which each step copies out of the model's variable (so a loop that sets
 the weights itself is followed). After the update, an allgather of each bucket's cuts gives
-every rank's model every rank's parameters. docs/sharding.md says more.
+every rank's model every rank's parameters. Both stages reduce-scatter the gradients, which
+puts on the link what the unsharded allreduce puts there (an allreduce and then the weights'
+allgather would put half as much again); "gradients" also holds the backward pass back, so
+that the whole gradients are let go as their buckets leave. docs/sharding.md says more.
 """
 
 from __future__ import annotations
@@ -105,14 +108,15 @@ class Slot:
 class Shards:
     """What this rank holds of the model's trained `variables` (`tensors`, one per parameter,
     in the parameters' order: `_held`'s), which `optimizer` is built over here; `split`: the
-    parameters cut inside; `scattered`: whether the gradients arrive reduce-scattered (ZeRO-2),
-    as this rank's parts, or whole (ZeRO-1)."""
+    parameters cut inside; `hold_back`: whether the backward pass waits on the exchange, so
+    that a rank holds a few buckets' whole gradients at a time (ZeRO-2), or runs on ahead and
+    may hold them all, as unsharded (ZeRO-1)."""
 
     def __init__(self, variables: list[Any], partition: Partition, rank: int,
-                 optimizer: keras.optimizers.Optimizer, scattered: bool, split: frozenset[int],
+                 optimizer: keras.optimizers.Optimizer, hold_back: bool, split: frozenset[int],
                  compression: Any) -> None:  # fmt: skip
         self.variables, self.partition, self.rank = variables, partition, rank
-        self.scattered, self.split, self.compression = scattered, split, compression
+        self.hold_back, self.split, self.compression = hold_back, split, compression
         self.held = partition.pieces(rank)
         self.pieces: dict[int, Piece] = {p.index: p for pieces in self.held for p in pieces}
         dtypes = {v.dtype for v in variables}
@@ -204,11 +208,11 @@ class Shards:
         return slots
 
     def scatter(self, gradients: list[tf.Tensor]) -> list[tf.Tensor]:
-        """ZeRO-2's exchange: each bucket's gradients, end to end, cut into one part per rank
+        """The exchange: each bucket's gradients, end to end, cut into one part per rank
         (each padded to the longest: Horovod splits a tensor evenly), reduce-scattered,
         averaging; this rank's pieces of their averages, in the parameters' order (`cut`'s).
         One bucket at a time: each waits for the one before, so that no more than one
-        bucket's buffer is held."""
+        bucket's buffer is held; with `hold_back`, the pass waits too (HELD_BACK)."""
         pieces = self.cut(gradients)  # the stand-ins; the pieces held are replaced below
         partition, received = self.partition, None
         upstream: set[Any] = set()  # the ops the reduce-scatters so far wait for
@@ -217,7 +221,7 @@ class Shards:
                 buffer = tf.concat(self._parts(bucket, gradients), 0)
             received = hvd.reducescatter(buffer, op=hvd.Average, compression=self.compression,
                                          name=f"hvd_train.scatter.{bucket}")  # fmt: skip
-            if bucket + HELD_BACK < len(partition.buckets):
+            if self.hold_back and bucket + HELD_BACK < len(partition.buckets):
                 later = [gradients[index] for index in partition.buckets[bucket + HELD_BACK]]
                 _hold_back(later, received, upstream)
             for piece in self.held[bucket]:
@@ -247,7 +251,7 @@ class Shards:
         return parts
 
     def norm(self, pieces: list[tf.Tensor]) -> tf.Tensor:
-        """The norm of the whole averaged gradients, from every rank's `pieces` (ZeRO-2)."""
+        """The norm of the whole averaged gradients, from every rank's `pieces`."""
         squares = tf.add_n([tf.reduce_sum(tf.square(tf.cast(p, tf.float64))) for p in pieces])
         total = hvd.allreduce(squares, op=hvd.Sum, name="hvd_train.norm")
         return tf.cast(tf.sqrt(total), tf.float32)
