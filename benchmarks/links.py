@@ -130,26 +130,38 @@ def bench(hosts: Hosts, recipe: str, steps: int, extra: list[str]) -> dict[str, 
     return figures
 
 
+# The c10d rendezvous store, in a process of its own on the first host until its stdin closes.
+STORE = ("import sys, torch.distributed as d; "
+         "store = d.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=True, "
+         "wait_for_workers=False); sys.stdin.read()")  # fmt: skip
+
+
 def torchrun(hosts: Hosts, recipe: str, steps: int, mode: str = "ddp") -> dict[str, float]:
     """A torch system's figures (`benchmarks.torch_baselines` MODE: DDP's images/s and its own
     limit under no_sync; "ddp_bf16" sends bf16; "zero" and "fsdp2" shard): torchrun on each
     host (inside its namespace), c10d rendezvous at the first host, Gloo over the hosts'
-    link."""
+    link. The rendezvous store is neither agent's: where the first host's agent kept it, the
+    other agent, still leaving, failed at times on finding it gone (`RendezvousConnectionError`
+    after its worker had printed its figures)."""
     jobs, gloo = [], environment() | {"GLOO_SOCKET_IFNAME": "eth0"}
-    for number, (namespace, address) in enumerate(
-        zip(hosts.namespaces, HOSTS.values(), strict=True)
-    ):
-        # The first host keeps the rendezvous store (torchrun cannot tell by its host name,
-        # which the namespace does not have), and each host is reached at its own address.
-        command = ["ip", "netns", "exec", namespace, PYTHON, "-m", "torch.distributed.run",
-                   "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                   "--rdzv-endpoint", f"{HOSTS['hvd-host-a']}:{RDZV_PORT}", "--rdzv-id", "links",
-                   "--rdzv-conf", f"is_host={str(number == 0).lower()}", "--local-addr", address,
-                   "-m", "benchmarks.torch_baselines", mode, recipe, str(steps)]  # fmt: skip
-        jobs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=ROOT, env=gloo,
-                                     start_new_session=True))  # fmt: skip
-    [figures] = results(checked(jobs))
+    first = HOSTS["hvd-host-a"]
+    store = subprocess.Popen(["ip", "netns", "exec", hosts.namespaces[0], PYTHON, "-c", STORE,
+                              first, str(RDZV_PORT)], stdin=subprocess.PIPE, cwd=ROOT,
+                             start_new_session=True)  # fmt: skip
+    try:
+        for namespace, address in zip(hosts.namespaces, HOSTS.values(), strict=True):
+            # Each host is reached at its own address (the namespace has no host name).
+            command = ["ip", "netns", "exec", namespace, PYTHON, "-m", "torch.distributed.run",
+                       "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                       "--rdzv-endpoint", f"{first}:{RDZV_PORT}", "--rdzv-id", "links",
+                       "--rdzv-conf", "is_host=false", "--local-addr", address,
+                       "-m", "benchmarks.torch_baselines", mode, recipe, str(steps)]  # fmt: skip
+            jobs.append(subprocess.Popen(command, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=gloo,
+                                         start_new_session=True))  # fmt: skip
+        [figures] = results(checked(jobs))
+    finally:
+        store.communicate(timeout=60)  # its stdin closed: it ends
     return figures
 
 
