@@ -385,8 +385,9 @@ def sharding_largest() -> str:
                          *(f"{memory * 2**30 / value / 1e9:.1f} B"
                            for memory in (24, 80) for value in needs)])  # fmt: skip
     return "\n".join([
-        f"From the bytes a parameter measured above at two ranks ({'; '.join(measured)}; under "
-        "AdamW in fp32), the bytes a parameter each rank holds, and the largest model whose "
+        "From the bytes a parameter that `python -m benchmarks.memory state` measured at two "
+        f"ranks ({'; '.join(measured)}; under AdamW in fp32; `docs/results/sharding-memory.json`),"
+        " the bytes a parameter each rank holds, and the largest model whose "
         "training state fits in a rank's memory, at 8 and 64 ranks (activations, the "
         "framework's own memory and the exchange's buffers left out):", "",
         table(["framework", "shard", "bytes/param, 8 ranks", "64 ranks", "24 GiB, 8 ranks",
