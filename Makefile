@@ -40,6 +40,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/hadolint docker/Dockerfile.cpu docker/Dockerfile.cuda
 
 # pytest-xdist, one worker per core: the multi-process tests in order on one worker, the
@@ -58,18 +59,18 @@ test-quick: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
-# Builds the CPU image and trains in containers (tests/containers): a Docker engine, Compose and
+# Builds the CPU image and trains in containers (tests/docker/test_images.py): a Docker engine, Compose and
 # mmdebstrap are installed and started where this runs as root with apt-get.
 test-containers: setup
 	scripts/install-system-packages.sh --containers
-	$(VENV)/bin/pytest --containers tests/containers
+	$(VENV)/bin/pytest --containers -m containers
 
-# A Slurm cluster of two nodes in network namespaces, and Ray (tests/clusters): Slurm and munge
+# A Slurm cluster of two nodes in network namespaces, and Ray (tests marked clusters): Slurm and munge
 # are installed where this runs as root with apt-get, Ray into the environment.
 test-clusters: setup
 	scripts/install-system-packages.sh --clusters
 	$(PY) -m pip install --quiet --editable '.[ray]'
-	$(VENV)/bin/pytest --clusters tests/clusters
+	$(VENV)/bin/pytest --clusters -m clusters
 
 # Horovod's own parallel suites alone (make test runs them too): HOROVOD_TESTS names the test/
 # folder of Horovod v0.28.1 (the PyPI sdist ships none, and this project copies none of them).

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_train.data import load_data, take
-from hvd_train.recipe import Recipe, load_recipe
+from hvd_train.data import take
+from hvd_train.recipe import Recipe, load_data, load_recipe
 from hvd_train.training.run import open_run
 
 
@@ -71,7 +71,7 @@ def alternate(
     batch = recipe.schedule.batch_size
     for index, (x, y) in enumerate(batches(train, batch, 0, 1, warmup + steps)):
         started = time.perf_counter()
-        dist.train_step([(x, y)], 1e-3, index, flags)
+        dist.exchange.step([(x, y)], 1e-3, index, flags)
         middle = time.perf_counter()
         plain_step(x, y)
         if index >= warmup:

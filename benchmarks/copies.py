@@ -91,7 +91,7 @@ def horovod_copies(timeline: Path, steps: int) -> float:
 def hvd_train_worker(recipe_name: str, steps: int, overrides: list[str]) -> dict[str, float]:
     from benchmarks.common import batches
     from hvd_train.commands.bench import bench_recipe
-    from hvd_train.data import load_data
+    from hvd_train.recipe import load_data
     from hvd_train.training.run import open_run
 
     settings = dict(setting.split("=", 1) for setting in overrides)
@@ -102,9 +102,10 @@ def hvd_train_worker(recipe_name: str, steps: int, overrides: list[str]) -> dict
     batch, flags = recipe.schedule.batch_size, np.zeros(2)
     taken = list(batches(train, batch, dist.rank, dist.world_size, WARMUP + steps))
     index = iter(range(len(taken)))
-    copied = torch_copies(lambda x, y: dist.train_step([(x, y)], 1e-4, next(index), flags),
+    copied = torch_copies(lambda x, y: dist.exchange.step([(x, y)], 1e-4, next(index), flags),
                           taken)  # fmt: skip
-    gradient_bytes = sum(p.numel() * p.element_size() for p in dist.backend.exchange.parameters)
+    parameters = dist.environment.backend.exchange.parameters
+    gradient_bytes = sum(p.numel() * p.element_size() for p in parameters)
     return {"torch_bytes": copied, "gradient_bytes": gradient_bytes}
 
 

@@ -63,7 +63,7 @@ from benchmarks import copies
 from benchmarks.hosts import HOSTS, Hosts, cannot_make_hosts, shape, two_hosts
 from benchmarks.run import BIN, PYTHON, ROOT, machine, results
 from hvd_train.commands.bench import projected_efficiency
-from hvd_train.distributed.frameworks import FRAMEWORKS
+from hvd_train.frameworks import FRAMEWORKS
 
 TOLERANCE = 0.15  # how far a projection may be from the shaped runs' figure
 RDZV_PORT = 29511

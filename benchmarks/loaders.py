@@ -66,8 +66,7 @@ class Batches:
 
 
 def source(name: str, images: Path) -> Any:
-    from hvd_train.data import load_data
-    from hvd_train.recipe import Data, Recipe, load_recipe
+    from hvd_train.recipe import Data, Recipe, load_data, load_recipe
 
     if name == "png files":
         data = Data("folder", path=str(images), input_shape=(28, 28, 1), num_classes=10)

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from hvd_train import Recipe
-from hvd_train.data import load_data
-from hvd_train.recipe import load_recipe
+from hvd_train.recipe import load_data, load_recipe
 
 MNIST_CNN = load_recipe("mnist_cnn")
 SHAPE = (28, 28, 1)

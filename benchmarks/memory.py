@@ -58,8 +58,7 @@ num_classes = 10
 def write_arrays(folder: Path, size: float) -> None:
     """MNIST's training images (normalised as the mnist source gives them) and labels, repeated
     to `size` bytes of images, as x.npy and y.npy."""
-    from hvd_train.data import load_data
-    from hvd_train.recipe import load_recipe
+    from hvd_train.recipe import load_data, load_recipe
 
     train = load_data(load_recipe("mnist_cnn"), None).train
     images, labels = train[np.arange(len(train))]

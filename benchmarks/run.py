@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from hvd_train.distributed.frameworks import FRAMEWORKS
+from hvd_train.frameworks import FRAMEWORKS
 
 PYTHON = sys.executable
 BIN = Path(PYTHON).parent

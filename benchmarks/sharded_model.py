@@ -35,7 +35,7 @@ def torch_steps(dist: Distributed, shard: str, steps: int) -> tuple[Any, Any, di
         optimizer.zero_grad()
         dist.backward(model(x).square().mean())
         optimizer.step()
-    gradients = dist.backend.exchange.gradients
+    gradients = dist.environment.backend.exchange.gradients
     state = [value for entries in optimizer.state.values() for value in entries.values()]
     held = {
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -72,7 +72,7 @@ def tensorflow_steps(dist: Distributed, shard: str,
         return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
 
     variables = model.trainable_variables
-    shards = dist.backend.exchange.shards
+    shards = dist.environment.backend.exchange.shards
     pieces = [] if shards is None else [shards.tensors[index] for index in shards.pieces]
     copies = [] if shards is None else [shards.tensors[index] for index in shards.split
                                         if index in shards.pieces]  # fmt: skip

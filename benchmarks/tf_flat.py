@@ -49,7 +49,7 @@ def worker(recipe_name: str, repeats: int) -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    tensors = [tf.ones_like(weight) for weight in run.dist.model.trainable_weights]
+    tensors = [tf.ones_like(weight) for weight in run.dist.exchange.model.trainable_weights]
     shapes = [t.shape for t in tensors]
     sizes = [int(np.prod(shape)) for shape in shapes]
 

@@ -7,7 +7,7 @@ In a Python recipe or a notebook:
     recipe = Recipe(data=Data("mnist"), torch_model=my_model, schedule=Schedule(epochs=2))
     summary = launch(recipe, np=2)
 
-In a loop of one's own, `Distributed` (`hvd_train.distributed.layer`) gives it Horovod's steps:
+In a loop of one's own, `Distributed` (`hvd_train.distributed`) gives it Horovod's steps:
 
     dist = Distributed("torch")
     model, optimizer = dist.setup(model, optimizer)
@@ -15,12 +15,12 @@ In a loop of one's own, `Distributed` (`hvd_train.distributed.layer`) gives it H
 
 from hvd_train.api import train
 from hvd_train.callbacks import Callback, State
-from hvd_train.distributed.layer import Distributed
+from hvd_train.distributed import Distributed
 from hvd_train.launching import launch
 from hvd_train.recipe import (
     Checkpoints,
     Data,
-    Horovod,
+    ExchangeSettings,
     Loading,
     Optimizer,
     Output,
@@ -35,7 +35,7 @@ __all__ = [
     "Checkpoints",
     "Data",
     "Distributed",
-    "Horovod",
+    "ExchangeSettings",
     "Layer",
     "Loading",
     "Optimizer",

@@ -17,26 +17,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvd_train.checkpoint import BEST, Checkpoint, checkpoints, remove_partial
-from hvd_train.data import Splits, load_data, with_validation
-from hvd_train.distributed.frameworks import DEFAULT_FRAMEWORK, import_quietly, use_framework
-from hvd_train.distributed.layer import Distributed
+from hvd_train.data import Splits
+from hvd_train.distributed import Distributed, Found, saved_framework
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Recipe, is_python_reference, load_recipe
+from hvd_train.frameworks import DEFAULT_FRAMEWORK, import_quietly, use_framework
+from hvd_train.recipe import Recipe, is_python_reference, load_data, load_recipe, with_validation
 from hvd_train.training.evaluation import check_outputs_fit
 from hvd_train.training.metrics import MetricsWriter, write_summary
 from hvd_train.training.options import RunOptions
 from hvd_train.training.plot import plot_runs
 from hvd_train.training.position import Position
-from hvd_train.training.resume import (
-    check_same_run,
-    read_resume_point,
-    resumed_option,
-    saved_framework,
-    saved_recipe,
-)
+from hvd_train.training.resume import check_same_run, resumed_option, saved_recipe
 from hvd_train.training.run import Run, open_run, start
-from hvd_train.training.snapshots import Snapshots
 from hvd_train.training.trackers import Trackers
 from hvd_train.training.trainer import Trainer
 from hvd_train.version import __version__
@@ -67,15 +59,14 @@ def train(
     if options.horovod_timeline is not None:  # Horovod reads it as it starts; rank 0 writes it
         os.environ["HOROVOD_TIMELINE"] = str(options.horovod_timeline.resolve())
     dist = start(framework, recipe if isinstance(recipe, Recipe) else None)  # None: resumed
-    if options.elastic and dist.without_elastic:
-        raise UsageError(
-            f"--elastic is not available with --framework {framework}: {dist.without_elastic}"
-        )
-    checkpoint = None
+    if options.elastic and dist.exchange.without_elastic:
+        raise UsageError(f"--elastic is not available with --framework {framework}: "
+                         f"{dist.exchange.without_elastic}")  # fmt: skip
+    found = None
     if options.resume:
-        checkpoint, recipe, options = resumed_run(dist, recipe, options, overrides)
+        found, recipe, options = resumed_run(dist, recipe, options, overrides)
     assert isinstance(recipe, Recipe)
-    return train_on_rank(dist, recipe, decided(dist, recipe, options), checkpoint)
+    return train_on_rank(dist, recipe, decided(dist, recipe, options), found)
 
 
 def new_recipe(recipe: str | Recipe | None, framework: str, overrides: dict[str, Any]) -> Recipe:
@@ -88,22 +79,27 @@ def new_recipe(recipe: str | Recipe | None, framework: str, overrides: dict[str,
 
 def resumed_run(
     dist: Distributed, given: str | Recipe | None, options: RunOptions, overrides: dict[str, Any]
-) -> tuple[Checkpoint | None, Recipe, RunOptions]:
-    """Where a resumed run starts (on rank 0), its recipe, and its options with the
-    checkpoint's seed and step limit. Elastic: every rank reads the checkpoint itself (a
-    joining worker runs this too, and must not wait in a collective here); otherwise rank 0
-    reads and tells the others."""
+) -> tuple[Found, Recipe, RunOptions]:
+    """The checkpoint a resumed run starts from (its tensors on rank 0), its recipe, and its
+    options with the checkpoint's seed and step limit. Elastic: every rank reads the checkpoint
+    itself (a joining worker runs this too, and must not wait in a collective here); otherwise
+    rank 0 reads and tells the others."""
     output_dir = Path(str(options.output_dir))
-    checkpoint, state, recipe_text = read_resume_point(
-        dist, output_dir, options.elastic, str(options.resume)
-    )
-    recipe = resumed_recipe(state, recipe_text, given, dist.framework, overrides)
+    found = dist.checkpoints.find(output_dir, which=str(options.resume),
+                                  everywhere=options.elastic)  # fmt: skip
+    if found is None:
+        raise UsageError(
+            f"nothing to resume: {output_dir / 'checkpoints'} holds no valid checkpoint; "
+            "leave out --resume to start a new run",
+            every_rank=not options.elastic,
+        )
+    recipe = resumed_recipe(found, given, dist.framework, overrides)
     options = dataclasses.replace(
         options,
-        seed=resumed_option(state, "--seed", options.seed),
-        limit_steps=resumed_option(state, "--limit-steps", options.limit_steps),
+        seed=resumed_option(found, "--seed", options.seed),
+        limit_steps=resumed_option(found, "--limit-steps", options.limit_steps),
     )
-    return checkpoint, recipe, options
+    return found, recipe, options
 
 
 def decided(dist: Distributed, recipe: Recipe, options: RunOptions) -> RunOptions:
@@ -117,14 +113,13 @@ def decided(dist: Distributed, recipe: Recipe, options: RunOptions) -> RunOption
 
 
 def resumed_recipe(
-    state: dict[str, Any], recipe_text: str, given: str | Recipe | None, framework: str,
-    overrides: dict[str, Any],
-) -> Recipe:  # fmt: skip
+    found: Found, given: str | Recipe | None, framework: str, overrides: dict[str, Any]
+) -> Recipe:
     """The checkpoint's recipe, with `overrides` and `given` (a recipe the user named)
     checked against it: only the safe changes may differ."""
-    saved = saved_recipe(state, recipe_text)
+    saved = saved_recipe(found)
     asked = with_overrides(resolve_recipe(given, framework) if given else saved, overrides)
-    check_same_run(saved, asked, state["path"])
+    check_same_run(saved, asked, str(found.path))
     asked.check_framework(framework)
     return asked
 
@@ -148,47 +143,43 @@ def with_overrides(recipe: Recipe, overrides: dict[str, Any]) -> Recipe:
 
 
 def train_on_rank(
-    dist: Distributed, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None
+    dist: Distributed, recipe: Recipe, options: RunOptions, found: Found | None
 ) -> dict[str, Any]:
-    """One training job on this rank, once Horovod is initialised; `checkpoint` (on rank 0)
-    is where a resumed run starts."""
+    """One training job on this rank, once Horovod is initialised; `found` is the checkpoint
+    a resumed run starts from."""
     trackers = Trackers(tuple(dict.fromkeys(options.track + recipe.output.trackers)))
     if options.elastic:
-        summary = train_elastic(dist, recipe, options, checkpoint, trackers)
+        summary = train_elastic(dist, recipe, options, found, trackers)
     else:
         data = load_data_on_every_rank(dist, recipe, options)
-        dist.on_rank_zero(lambda: prepare_output_dir(output_dir(options), bool(options.resume)))
+        dist.checkpoints.prepare(output_dir(options), resume=bool(options.resume))
         run = open_run(dist, recipe, seed(options))
         trainer = new_trainer(run, data, options, trackers)
-        begin_at = Position(0, 0)
-        if options.resume:
-            begin_at = trainer.resume(checkpoint)
-            dist.broadcast_state()  # rank 0's, as it resumed
+        begin_at = Position(0, 0) if found is None else trainer.resume(found)
         summary = trainer.fit(begin_at)
-    dist.on_rank_zero(lambda: finish(output_dir(options), summary, trackers))
+    dist.on_rank_zero(lambda: finish(dist, output_dir(options), summary, trackers))
     return summary
 
 
 def new_trainer(run: Run, data: Splits, options: RunOptions, trackers: Trackers) -> Trainer:
-    """A trainer with its collaborators: the records (sent on to `trackers` too), the
-    snapshots; once the model's outputs are known to fit the labels."""
+    """A trainer with its records (sent on to `trackers` too), once the model's outputs are
+    known to fit the labels."""
     check_outputs_fit(run.dist, run.recipe, data.train)
-    folder = output_dir(options)
-    metrics = MetricsWriter(folder, len(data.train), trackers, run.recipe.settings_table())
-    snapshots = Snapshots(run, folder / "checkpoints", seed(options), options.limit_steps,
-                          options.keep_checkpoints)  # fmt: skip
-    return Trainer(run, data, options, snapshots, metrics)
+    metrics = MetricsWriter(output_dir(options), len(data.train), trackers,
+                            run.recipe.settings_table())  # fmt: skip
+    return Trainer(run, data, options, metrics)
 
 
-def finish(folder: Path, summary: dict[str, Any], trackers: Trackers) -> None:
-    """Rank 0 writes summary.json and draws the run's curves.png, which the trackers take."""
+def finish(dist: Distributed, folder: Path, summary: dict[str, Any], trackers: Trackers) -> None:
+    """Rank 0 writes summary.json and draws the run's curves.png, which the trackers take, with
+    the checkpoint the run keeps."""
     write_summary(folder, summary)
     plot_runs([folder], folder / "curves.png")
-    trackers.call("finish", folder)
+    trackers.call("finish", folder, dist.checkpoints.kept(folder))
 
 
 def train_elastic(
-    dist: Distributed, recipe: Recipe, options: RunOptions, checkpoint: Checkpoint | None,
+    dist: Distributed, recipe: Recipe, options: RunOptions, found: Found | None,
     trackers: Trackers,
 ) -> dict[str, Any]:  # fmt: skip
     """`train_on_rank` under Horovod's elastic driver. Everything before the elastic loop
@@ -200,10 +191,8 @@ def train_elastic(
 
     def begin() -> Position:
         check_ranks_agree(dist, None, run_facts(dist, recipe, options, data))
-        dist.on_rank_zero(lambda: prepare_output_dir(output_dir(options), bool(options.resume)))
-        if not options.resume:
-            return Position(0, 0)
-        return trainer.resume(checkpoint)
+        dist.checkpoints.prepare(output_dir(options), resume=bool(options.resume))
+        return Position(0, 0) if found is None else trainer.resume(found, broadcast=False)
 
     return trainer.fit_elastic(begin)
 
@@ -266,25 +255,3 @@ def check_ranks_agree(dist: Distributed, problem: str | None, facts: dict[str, A
                     "on every host",
                     every_rank=True,
                 )
-
-
-def prepare_output_dir(output_dir: Path, resume: bool) -> None:
-    """Creates the run directory and removes what a killed run left half-written; refuses to
-    write over an earlier run's checkpoints."""
-    try:
-        (output_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        probe = output_dir / f".write-test-{time.time_ns()}"
-        probe.touch()
-        probe.unlink()
-        remove_partial(output_dir / "checkpoints")
-        remove_partial(output_dir / BEST)
-    except OSError as error:
-        raise UsageError(
-            f"cannot write to output directory {output_dir} ({error.strerror}); "
-            "choose another --output-dir"
-        ) from None
-    if not resume and (checkpoints(output_dir / "checkpoints") or checkpoints(output_dir / BEST)):
-        raise UsageError(
-            f"{output_dir} already holds checkpoints; pass --resume to continue that run "
-            "or choose another --output-dir"
-        )

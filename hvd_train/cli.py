@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hvd_train.distributed.frameworks import DEFAULT_FRAMEWORK, EXPORT_FORMATS, FRAMEWORKS
 from hvd_train.errors import (
     DataStalled,
     ReplicasDiverged,
@@ -23,6 +22,7 @@ from hvd_train.errors import (
     report,
     reported_here,
 )
+from hvd_train.frameworks import DEFAULT_FRAMEWORK, EXPORT_FORMATS, FRAMEWORKS
 from hvd_train.launching import BACKENDS
 from hvd_train.recipe.rules import Rule
 from hvd_train.training.options import TRAIN_OPTIONS, add_arguments
@@ -196,12 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     records = commands.add_parser(
         "write-records", parents=[shared, recipe],
-        help='write the recipe\'s data as ArrayRecord shards, for dataset = "records"',
+        help='write the recipe\'s data as ArrayRecord files, for dataset = "records"',
     )  # fmt: skip
-    records.add_argument("out", type=Path, metavar="OUT", help="the folder to write the shards "
-                         "into")  # fmt: skip
-    records.add_argument("--shard-size", type=positive(int), default=10_000,
-                         help="examples per shard (default: %(default)s)")  # fmt: skip
+    records.add_argument("out", type=Path, metavar="OUT", help="the folder to write the record "
+                         "files into")  # fmt: skip
+    records.add_argument("--records-per-file", type=positive(int), default=10_000,
+                         help="examples per file (default: %(default)s)")  # fmt: skip
     doctor = commands.add_parser(
         "doctor", parents=[shared], help="check what a run needs, here and on other hosts"
     )
@@ -310,17 +310,17 @@ def run_show_recipe(args: argparse.Namespace) -> int:
 
 def run_write_records(args: argparse.Namespace) -> int:
     from hvd_train.api import DEFAULT_RECIPE, resolve_recipe, with_overrides
-    from hvd_train.data import load_source
     from hvd_train.data.records import write_records
+    from hvd_train.recipe import load_source
 
     recipe = resolve_recipe(args.recipe or DEFAULT_RECIPE, args.framework or DEFAULT_FRAMEWORK)
     recipe = with_overrides(recipe, overrides(args))
     try:
-        written = write_records(load_source(recipe, args.data_dir), args.out, args.shard_size)
+        written = write_records(load_source(recipe, args.data_dir), args.out, args.records_per_file)
     except OSError as error:
-        raise UsageError(f"cannot write the shards into {args.out} ({error.strerror}); free "
+        raise UsageError(f"cannot write the record files into {args.out} ({error.strerror}); free "
                          "space there or choose another folder") from None  # fmt: skip
-    print(f"wrote {len(written)} shards into {args.out}")
+    print(f"wrote {len(written)} record files into {args.out}")
     return 0
 
 

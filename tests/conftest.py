@@ -1,5 +1,7 @@
+import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,40 @@ def mnist_dir() -> Path:
     from hvd_train.data.mnist import fetch_into_cache
 
     return fetch_into_cache()
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test():
+    """A job a test started in the background (tests/horovodrun.py) is killed, with its
+    workers, at the test's end if it still runs then."""
+    from tests.horovodrun import STARTED, kill_job
+
+    yield
+    while STARTED:
+        job = STARTED.pop()
+        if job.poll() is None:
+            kill_job(job)
+
+
+@pytest.fixture(scope="session")
+def short_run(mnist_dir, tmp_path_factory) -> Callable[[str], tuple[Path, list[str], str]]:
+    """One epoch of STEPS steps under `horovodrun -np 2`, once per framework per session.
+
+    Each rank gets its own --output-dir (BASE/rank<r>) so tests can see who wrote what.
+    Returns BASE, the CLI arguments used and the combined output.
+    """
+    from tests.horovodrun import STEPS, horovodrun, script
+
+    @functools.cache
+    def run(framework: str) -> tuple[Path, list[str], str]:
+        base = tmp_path_factory.mktemp(f"short-{framework}")
+        arguments = ["--framework", framework, "--data-dir", str(mnist_dir), "--epochs", "1",
+                     "--limit-steps", str(STEPS), "--log-every", "20",
+                     "--horovod-timeline", str(base / "timeline.json")]  # fmt: skip
+        result = horovodrun(script("cli_per_rank.py"), str(base), *arguments)
+        return base, arguments, result.stdout + result.stderr
+
+    return run
 
 
 @pytest.fixture(scope="session", autouse=True)

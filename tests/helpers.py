@@ -1,5 +1,5 @@
 """What many tests do alike: run hvd_train in one process, read what a run saved, and compare two
-runs' weights bit for bit. (Jobs under horovodrun: tests/multiprocess/conftest.py.)"""
+runs' weights bit for bit. (Jobs under horovodrun: tests/horovodrun.py.)"""
 
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import load_file
 
-from hvd_train.checkpoint import checkpoint_name
+from hvd_train.distributed.checkpoint_files import checkpoint_name
 
 
 def hvd_train(

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvd_train.checkpoint import save_checkpoint
+from hvd_train.distributed.checkpoint_files import save_checkpoint
 from hvd_train.recipe import load_recipe
 from hvd_train.recipe.layers import neutral_weight_shapes
 from hvd_train.recipe.toml import recipe_toml

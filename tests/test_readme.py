@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_train.checkpoint import checkpoint_name, checkpoints
+from hvd_train.distributed.checkpoint_files import checkpoint_name, checkpoints
 from tests.conftest import REPO
 
 BLOCK = re.compile(

@@ -1,8 +1,8 @@
 """Where a recipe's model comes from, and how checkpoints hold its weights.
 
 A model is the neutral layer list built by the framework's builder (`torch_layers`,
-`keras_models`, named in `hvd_train/distributed/frameworks.py`), or the recipe's own function
-for torch or Keras, checked by the builder of its kind. Its `Layout` converts between
+`keras_models`: `builder`), or the recipe's own function for torch or Keras, checked by the
+builder of its kind. Its `Layout` converts between
 the weights as the backend gives them (the framework's own names and shapes) and as a checkpoint
 keeps them: "neutral" (moves between frameworks), "torch" (a state_dict) or "keras" (Keras's
 weights by index). Backends never see a recipe or a layout.
@@ -10,45 +10,55 @@ weights by index). Backends never see a recipe or a layout.
 
 from __future__ import annotations
 
-import importlib
 import random
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from hvd_train.checkpoint import Arrays
-from hvd_train.distributed.frameworks import OWN_MODELS, builder_of, framework_named
+from hvd_train.distributed import Layout
 from hvd_train.errors import UsageError
+from hvd_train.frameworks import FRAMEWORKS, OWN_MODELS
 from hvd_train.recipe import Data, Recipe
-
-
-def _as_saved(weights: Arrays) -> Arrays:
-    return weights
-
-
-def _as_given(saved: Arrays, current: Arrays) -> Arrays:
-    return saved
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How a checkpoint holds a model's weights: `name`, recorded in the checkpoint, and the
-    conversion from the backend's weights (`to_saved`) and back (`from_saved`, which takes
-    what the saved layout lacks from the model's current weights)."""
-
-    name: str
-    to_saved: Callable[[Arrays], Arrays] = _as_saved
-    from_saved: Callable[[Arrays, Arrays], Arrays] = _as_given
 
 
 @dataclass(frozen=True)
 class Built:
     model: Any
     layout: Layout
+
+
+def _torch_layers() -> ModuleType:
+    from hvd_train.builders import torch_layers
+
+    return torch_layers
+
+
+def _keras_models() -> ModuleType:
+    from hvd_train.builders import keras_models
+
+    return keras_models
+
+
+# By the registry's order of the kinds of a recipe's own models (`OWN_MODELS`): the builder of
+# each, imported when asked for. Adding a framework adds a line here (docs/adding-a-framework.md).
+BUILDERS = dict(zip(OWN_MODELS, (_torch_layers, _keras_models), strict=True))
+
+
+def builder(kind: str) -> ModuleType:
+    """The builder of models of `kind` (a layout of `OWN_MODELS`), imported now: it builds the
+    neutral layer list for the framework whose models are of its kind (`build_neutral`), seeds
+    its random numbers (`seed`) and checks a recipe's own model of its kind (`own_model`)."""
+    return BUILDERS[kind]()
+
+
+def framework_builder(framework: str) -> ModuleType:
+    """The builder of the models `framework` makes from the neutral layer list."""
+    return builder(FRAMEWORKS[framework].models[0])
 
 
 def build_model(recipe: Recipe, framework: str, seed: int) -> Built:
@@ -68,7 +78,7 @@ def models_precision(precision: str) -> Iterator[None]:
     inside computing in `precision`, where their builder sets it so (its `precision`)."""
     with ExitStack() as stack:
         for kind in [kind for kind in OWN_MODELS if kind in sys.modules]:  # (modules' names)
-            setting = getattr(importlib.import_module(builder_of(kind)), "precision", None)
+            setting = getattr(builder(kind), "precision", None)
             if setting is not None:
                 stack.enter_context(setting(precision))
         yield
@@ -80,10 +90,11 @@ def _build(recipe: Recipe, framework: str) -> Built:
     layout = recipe.layout(framework)
     if layout == "neutral":
         assert isinstance(recipe.data, Data) and recipe.data.input_shape is not None
-        builder = importlib.import_module(framework_named(framework).builder)
-        built: Built = builder.build_neutral(recipe.layers, recipe.data.input_shape)
+        built: Built = framework_builder(framework).build_neutral(
+            recipe.layers, recipe.data.input_shape
+        )
         return built
-    own: Built = importlib.import_module(builder_of(layout)).own_model(recipe, framework)
+    own: Built = builder(layout).own_model(recipe, framework)
     return own
 
 
@@ -92,7 +103,7 @@ def seed_framework(framework: str, seed: int) -> None:
     initialisers' seeds there), NumPy's, and the framework's (its builder's `seed`)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    importlib.import_module(framework_named(framework).builder).seed(seed)
+    framework_builder(framework).seed(seed)
 
 
 def model_type_error(recipe: Recipe, builder: str, expected: str, model: Any) -> UsageError:

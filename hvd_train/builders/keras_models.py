@@ -1,6 +1,7 @@
 """Keras 3 models, whichever backend runs them (TensorFlow, or torch for a Keras model trained
-under --framework torch): the neutral layer list as a Keras model, its weights by index and
-by layer name, and per-step dropout seeds.
+under --framework torch): the neutral layer list as a Keras model, a recipe's own Keras model
+checked, and the precision layers are made in (a Keras model's state, as both backends read
+it, is `distributed/keras_state.py`'s).
 
 Keras's own layouts (kernels (h, w, in, out) and (in, out), channels-last) are the neutral
 layout, so a neutral model's weights are its variables by layer and name. A user's Keras model
@@ -16,18 +17,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import keras
-import numpy as np
 
 from hvd_train.builders import Built, Layout, model_type_error
+from hvd_train.distributed.keras_state import POLICIES, weight_names
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.layers import Layer, Shape
-
-SEED_STATE = "seed_generator_state"
-
-
-# Keras's dtype policies for the recipe's precisions: compute in bf16 or fp16, weights in fp32.
-POLICIES = {"fp32": "float32", "bf16-mixed": "mixed_bfloat16", "fp16-mixed": "mixed_float16"}
 
 
 @contextmanager
@@ -39,19 +34,6 @@ def precision(precision: str) -> Iterator[None]:
         yield
     finally:
         keras.config.set_dtype_policy(before)
-
-
-def input_names(model: keras.Model) -> tuple[str, ...] | None:
-    """The names a functional model takes its inputs by (its dict's keys, or its `Input`s'
-    names), none for a Sequential (one unnamed input), or None where it does not say (a
-    subclassed model)."""
-    if isinstance(model, keras.Sequential):
-        return ()
-    structure = getattr(model, "_inputs_struct", None)
-    if isinstance(structure, dict):
-        return tuple(structure)
-    inputs = getattr(model, "inputs", None) if structure is not None else None
-    return tuple(tensor.name for tensor in inputs) if inputs else None
 
 
 def seed(seed: int) -> None:
@@ -120,53 +102,6 @@ def _layer(layer: Layer, name: str) -> keras.layers.Layer:
     raise ValueError(f"no Keras layer for {layer.type!r}")
 
 
-def weight_names(model: keras.Model) -> list[str]:
-    """The names of `model.weights`, in order: `<index>.<name>`, the "keras" layout's."""
-    return [f"{index:04d}.{v.name}" for index, v in enumerate(model.weights)]
-
-
-def trained_names(model: keras.Model) -> tuple[str, ...]:
-    """The names (`weight_names`) of the weights the optimizer trains."""
-    trained = {id(v) for v in model.trainable_weights}
-    return tuple(n for n, v in zip(weight_names(model), model.weights, strict=True)
-                 if id(v) in trained)  # fmt: skip
-
-
 def neutral_names(model: keras.Model) -> list[str]:
     """The neutral names of a neutral model's weights: `layer<i>.<name>`."""
     return [f"{v.path.split('/')[-2]}.{v.name}" for v in model.weights]
-
-
-def layer_types(model: keras.Model) -> list[str]:
-    """The type of the innermost listed layer holding each trainable variable, in the order of
-    `model.trainable_variables`."""
-    holder: dict[int, str] = {}
-
-    def visit(layer: keras.layers.Layer) -> None:
-        holder.update({id(v): type(layer).__name__ for v in layer.trainable_variables})
-        for inner in getattr(layer, "layers", []):
-            visit(inner)
-
-    visit(model)
-    return [holder[id(v)] for v in model.trainable_variables]
-
-
-def weights(model: keras.Model) -> dict[str, np.ndarray]:
-    return {
-        n: np.asarray(keras.ops.convert_to_numpy(v))
-        for n, v in zip(weight_names(model), model.weights, strict=True)
-    }
-
-
-def load_weights(model: keras.Model, arrays: dict[str, np.ndarray]) -> None:
-    """Assigns every weight; the names must be exactly the model's (checked by the caller)."""
-    names = weight_names(model)
-    if set(names) != set(arrays):
-        raise ValueError(f"weights {sorted(set(names) ^ set(arrays))} do not match the model")
-    for name, variable in zip(names, model.weights, strict=True):
-        variable.assign(arrays[name])
-
-
-def seed_states(model: keras.Model) -> list[Any]:
-    """The state variables of the model's random layers (dropout, ...), nested ones included."""
-    return [v for v in model.variables if v.path.endswith(SEED_STATE)]

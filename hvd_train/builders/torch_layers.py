@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hvd_train.builders import Built, Layout, model_type_error
-from hvd_train.checkpoint import Arrays
+from hvd_train.distributed import Arrays
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.layers import Layer, Shape, input_shapes, same_padding
 

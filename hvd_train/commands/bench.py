@@ -18,10 +18,11 @@ such links, from the step it measured (see `projected_efficiency`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
@@ -29,12 +30,10 @@ from typing import Any
 import numpy as np
 
 from hvd_train.api import DEFAULT_RECIPE, resolve_recipe, with_overrides
-from hvd_train.data import Splits, load_data
-from hvd_train.data.pipeline import augmentation, read_ahead, workers_for
-from hvd_train.data.sharding import epoch_order, shard_steps
-from hvd_train.distributed.layer import Distributed
+from hvd_train.data import Splits, batch_size
+from hvd_train.distributed import Distributed, Loader
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Data, Recipe
+from hvd_train.recipe import Data, Recipe, load_data
 from hvd_train.training.run import open_run, start
 
 ALLREDUCE_REPEATS = 20
@@ -61,47 +60,63 @@ def time_rank(
     dist: Distributed, data: Splits, recipe: Recipe, steps: int, warmup: int
 ) -> tuple[RankTimes, float]:
     """This rank's times, and the wall time of the training phase (for images/s)."""
-    order = epoch_order(len(data.train), 0, 0)
-    shard = shard_steps(order, dist.rank, dist.world_size, recipe.schedule.batch_size,
-                        recipe.horovod.backward_passes_per_step)  # fmt: skip
-    batches = [shard[i % len(shard)] for i in range(warmup + steps)]
-    workers = workers_for(recipe.loading.workers, data.train, dist.threads)
+    loading = recipe.loading
+    loader = dist.loader(data.train, recipe.schedule.batch_size, workers=loading.workers,
+                         prefetch=loading.prefetch, transforms=recipe.transforms(),
+                         timeout=loading.timeout,
+                         passes=recipe.horovod.backward_passes_per_step)  # fmt: skip
     flags = np.zeros(2)
 
-    def phase(run: Callable[[list[Any], int], tuple[float, ...]]) -> tuple[float, np.ndarray]:
-        """The wall time of the timed steps, and the sums of the wait for data and of the
-        parts `run` returns."""
+    def phase(exchange: bool) -> tuple[float, np.ndarray, int]:
+        """The wall time of the timed steps (with the exchange, or each rank alone), the sums
+        of the wait for data and of the step's parts, and a step's examples on this rank."""
         dist.all_reduce(np.zeros(1), op="sum")  # every rank starts the phase together
-        started, parts = time.perf_counter(), np.zeros(4)
-        augment = augmentation(recipe.transforms(), 0, 0)
-        ahead = read_ahead(data.train, batches, workers, recipe.loading.prefetch, augment)
-        with closing(ahead) as taken_steps:
-            for index in range(len(batches)):
-                if index == warmup:
-                    started, parts = time.perf_counter(), np.zeros(4)
-                waiting = time.perf_counter()
-                taken = next(taken_steps)
-                parts[0] += time.perf_counter() - waiting
-                parts[1:] += run(taken, index)
-        return time.perf_counter() - started, parts
+        started, parts, examples = time.perf_counter(), np.zeros(4), 0
+        for index, (waited, taken) in enumerate(_timed_steps(loader, warmup + steps)):
+            if index == warmup:
+                started, parts = time.perf_counter(), np.zeros(4)
+            with contextlib.nullcontext() if exchange else dist.no_sync():
+                result = dist.exchange.step(taken, 1e-4, index, flags)
+            parts += [waited, result.compute_seconds, result.sync_seconds, result.hide_seconds]
+            examples = sum(batch_size(x) for x, _ in taken)
+        return time.perf_counter() - started, parts, examples
 
-    def train(taken: list[Any], index: int) -> tuple[float, ...]:
-        result = dist.train_step(taken, 1e-4, index, flags)
-        return result.compute_seconds, result.sync_seconds, result.hide_seconds
-
-    def local_step(taken: list[Any], index: int) -> tuple[float, ...]:
-        dist.local_step(taken, index)
-        return 0.0, 0.0, 0.0
-
-    wall, (waited, compute, sync, hide) = phase(train)
+    wall, (waited, compute, sync, hide), examples = phase(exchange=True)
     local, allreduce = None, None
-    if not dist.backend.sharded:
-        local = phase(local_step)[0] / steps
-        allreduce = dist.time_gradient_allreduce(ALLREDUCE_REPEATS)
-    examples = sum(len(part) for part in batches[-1])
+    if not dist.exchange.sharded:
+        local = phase(exchange=False)[0] / steps
+        allreduce = time_gradient_allreduce(dist, recipe.horovod.compression)
     per_step = RankTimes(examples, waited / steps, compute / steps, sync / steps,
                          hide / steps, local, allreduce)  # fmt: skip
     return per_step, wall
+
+
+def _timed_steps(loader: Loader, count: int) -> Iterator[tuple[float, list[Any]]]:
+    """`count` steps' batches from the loader, epoch after epoch, each with the seconds the
+    step waited for them."""
+    epoch = 0
+    while count:
+        loader.set_epoch(epoch)
+        with closing(loader.step_batches()) as batches:
+            for _ in range(min(count, len(loader))):
+                waiting = time.perf_counter()
+                taken = next(batches)
+                yield time.perf_counter() - waiting, taken
+                count -= 1
+        epoch += 1
+
+
+def time_gradient_allreduce(dist: Distributed, compression: str) -> float:
+    """Seconds per allreduce of a tensor of the gradients' size, as they travel (16-bit under
+    compression: float16 for both), with no training around it."""
+    weights = [a for name, a in dist.exchange.trained_state().items() if name.startswith("weight.")]
+    dtype = np.float32 if compression == "none" else np.float16
+    flat = dist.exchange.tensor(np.zeros(sum(a.size for a in weights), dtype))
+    dist.all_reduce(flat)  # warmed up (and traced, in TensorFlow)
+    started = time.perf_counter()
+    for _ in range(ALLREDUCE_REPEATS):
+        dist.all_reduce(flat)
+    return (time.perf_counter() - started) / ALLREDUCE_REPEATS
 
 
 def report(ranks: list[RankTimes], wall: float, steps: int, gradient_bytes: int) -> dict[str, Any]:
@@ -239,19 +254,19 @@ def run_bench(
                          "run bench under horovodrun -np 2 or more")  # fmt: skip
     data = load_data(recipe, data_dir)
     open_run(dist, recipe, seed=0)
-    if links and dist.backend.sharded:
+    if links and dist.exchange.sharded:
         raise UsageError('--links projects from the unsharded step: bench with --set '
                          'horovod.shard="none" for the projection', every_rank=True)  # fmt: skip
     times, wall = time_rank(dist, data, recipe, steps, warmup)
     ranks = dist.all_gather(times)
     if not dist.is_rank_zero:
         return None
-    weights = [a for name, a in dist.trained_state().items() if name.startswith("weight.")]
+    weights = [a for name, a in dist.exchange.trained_state().items() if name.startswith("weight.")]
     per_value = 4 if recipe.horovod.compression == "none" else 2
     figures = report(ranks, wall, steps, per_value * sum(a.size for a in weights))
     # The recipe's setting, and whether the timed steps overlapped ("auto" decides by then).
     figures["overlap"] = recipe.horovod.overlap
-    figures["overlapped"] = dist.overlapping
+    figures["overlapped"] = dist.exchange.overlapping
     if links:
         figures["projection"] = projection(figures, links)
     threads = dist.threads

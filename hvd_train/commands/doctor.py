@@ -20,8 +20,8 @@ from importlib import metadata
 from pathlib import Path
 
 from hvd_train.data.mnist import FILES, cache_dir, given_data_dir, verified_idx
-from hvd_train.distributed.frameworks import FRAMEWORKS, OWN_MODELS
 from hvd_train.errors import UsageError
+from hvd_train.frameworks import FRAMEWORKS, OWN_MODELS
 from hvd_train.version import __version__
 
 FRAMEWORK_PACKAGES = tuple(p for framework in FRAMEWORKS.values() for p in framework.packages)

@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.commands.evaluate import read_checkpoint
-from hvd_train.data import load_data, take
-from hvd_train.distributed.frameworks import EXPORT_FORMATS
+from hvd_train.commands.evaluate import load_weights, read_checkpoint
+from hvd_train.data import take
 from hvd_train.errors import UsageError
+from hvd_train.frameworks import EXPORT_FORMATS
+from hvd_train.recipe import load_data
 from hvd_train.training.resume import saved_recipe
 from hvd_train.training.run import open_run, start
 
@@ -34,9 +35,8 @@ def export_checkpoint(
     if output is not None:
         check_output(output, format, suffix)
     dist = start(framework)
-    checkpoint = read_checkpoint(path)
-    state = checkpoint.state | {"path": str(checkpoint.path)}
-    recipe = saved_recipe(state, checkpoint.recipe_text, recipe_reference)
+    found = read_checkpoint(dist, path)
+    recipe = saved_recipe(found, recipe_reference)
     if framework not in recipe.frameworks:
         raise UsageError(
             f"--format {format} writes a {framework} model, and the model of recipe "
@@ -44,7 +44,7 @@ def export_checkpoint(
             f"{' or '.join(f for f, (w, _) in EXPORT_FORMATS.items() if w in recipe.frameworks)}"
         )
     run = open_run(dist, recipe, seed=0, trains=False)
-    run.load_weights(checkpoint, "export it with the recipe that wrote it")
+    load_weights(run, found, "export it with the recipe that wrote it")
     x, _ = take(load_data(recipe, data_dir).test, np.arange(EXAMPLES))
     if isinstance(x, dict):
         raise UsageError(
@@ -52,12 +52,12 @@ def export_checkpoint(
             "export takes models of one input array; load the checkpoint's model.safetensors "
             "into your model to serve it"
         )
-    target = output or default_output(checkpoint.path, suffix)
-    written, expected, outputs = dist.export(target, format, x)
+    target = output or default_output(found.path, suffix)
+    written, expected, outputs = dist.exchange.export(target, format, x)
     difference = None if outputs is None else float(np.abs(outputs - expected).max())
     if difference is not None and not difference <= TOLERANCE * max(1, np.abs(expected).max()):
         raise RuntimeError(f"{written} loaded back gives outputs {difference} from the model's")
-    return {"export": str(written), "format": format, "checkpoint": str(checkpoint.path),
+    return {"export": str(written), "format": format, "checkpoint": str(found.path),
             "examples_checked": len(x) if difference is not None else 0,
             "max_difference": difference}  # fmt: skip
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hvd_train.distributed.frameworks import DEFAULT_FRAMEWORK
+from hvd_train.frameworks import DEFAULT_FRAMEWORK
 
 HOSTFILE = "/etc/mpi/hostfile"
 DEFAULT_TRAIN_ARGUMENTS = ("--recipe", "mnist_cnn", "--framework", DEFAULT_FRAMEWORK)

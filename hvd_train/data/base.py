@@ -1,8 +1,8 @@
 """What the training loop needs of data: two datasets, each with a length and batch indexing.
 
 Every source (MNIST, the user's npz arrays, image folders, synthetic data, a Python recipe's
-own objects) becomes a `Splits`; the loop shards indices and asks a dataset for
-`dataset[indices]`, so the equal-steps sharding and the exactly-once evaluation hold whatever
+own objects) becomes a `Splits`; the loop splits indices among the ranks and asks a dataset for
+`dataset[indices]`, so the equal step counts and the exactly-once evaluation hold whatever
 the source.
 """
 
@@ -68,6 +68,41 @@ def on_disk(array: Any) -> bool:
 def batch_size(x: Inputs) -> int:
     """How many examples the inputs `x` (an array, or a dict of named ones) hold."""
     return len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
+
+
+class SourceTable(Protocol):
+    """What a source reads of the `[data]` table that names it (the recipe's `Data`, checked
+    against `sources.SOURCES` when made): the keys of `sources.SOURCE_KEYS`, and `fail`, which
+    makes the one-line error naming a key."""
+
+    @property
+    def dataset(self) -> str: ...
+
+    @property
+    def input_shape(self) -> tuple[int, int, int] | None: ...
+
+    @property
+    def num_classes(self) -> int | None: ...
+
+    @property
+    def path(self) -> str | None: ...
+
+    @property
+    def train_samples(self) -> int | None: ...
+
+    @property
+    def test_samples(self) -> int | None: ...
+
+    @property
+    def resize(self) -> bool | None: ...
+
+    @property
+    def input(self) -> str | None: ...
+
+    @property
+    def label(self) -> str | None: ...
+
+    def fail(self, key: str, problem: str) -> UsageError: ...
 
 
 @dataclass(frozen=True)

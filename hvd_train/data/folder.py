@@ -16,15 +16,12 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from hvd_train.data.base import Splits
+from hvd_train.data.base import SourceTable, Splits
 from hvd_train.errors import UsageError
-
-if TYPE_CHECKING:
-    from hvd_train.recipe.settings import Data
 
 SUFFIXES = (".png", ".jpg", ".jpeg")
 
@@ -122,7 +119,7 @@ def _opencv() -> Any:
     return cv2
 
 
-def load_folder(data: Data) -> Splits:
+def load_folder(data: SourceTable) -> Splits:
     assert data.path is not None and data.input_shape is not None and data.num_classes
     root = Path(data.path)
     classes = _classes(root / "train")
@@ -143,7 +140,7 @@ def _classes(folder: Path) -> list[str]:
     return sorted(entry.name for entry in folder.iterdir() if entry.is_dir())
 
 
-def _split(folder: Path, classes: list[str], data: Data) -> ImageFolder:
+def _split(folder: Path, classes: list[str], data: SourceTable) -> ImageFolder:
     found = _classes(folder)
     if found != classes:
         missing = sorted(set(classes) - set(found)) or sorted(set(found) - set(classes))

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hvd_train.data.base import ArrayDataset, Splits
+from hvd_train.data.base import ArrayDataset, SourceTable, Splits
 from hvd_train.errors import UsageError
-
-if TYPE_CHECKING:
-    from hvd_train.recipe.settings import Data
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -87,7 +83,7 @@ def _labels(path: Path, key: str, array: np.ndarray, images: int, classes: int) 
     return array.astype(np.int64)
 
 
-def load_npz(data: Data) -> Splits:
+def load_npz(data: SourceTable) -> Splits:
     """The arrays of `data.path`, checked against `data`."""
     assert data.path is not None and data.input_shape and data.num_classes
     path = Path(data.path)

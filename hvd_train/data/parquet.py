@@ -20,19 +20,15 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from hvd_train.data.base import Splits, cache_root, located
+from hvd_train.data.base import SourceTable, Splits, cache_root, located
 from hvd_train.data.folder import decode_images
 from hvd_train.errors import UsageError
-
-if TYPE_CHECKING:
-    from hvd_train.recipe.settings import Data
 
 FIX = "fix or remove that row"
 
@@ -104,7 +100,7 @@ def _is_list(kind: pa.DataType) -> bool:
         pa.types.is_fixed_size_list(kind)  # fmt: skip
 
 
-def load_parquet(data: Data) -> Splits:
+def load_parquet(data: SourceTable) -> Splits:
     assert data.path is not None and data.input_shape is not None and data.num_classes
     root = Path(data.path)
     if not root.is_dir():
@@ -115,7 +111,7 @@ def load_parquet(data: Data) -> Splits:
     return Splits(*(_split(root, name, data) for name in ("train", "test")))
 
 
-def _split(root: Path, name: str, data: Data) -> ParquetTable:
+def _split(root: Path, name: str, data: SourceTable) -> ParquetTable:
     files = sorted(root.glob(f"{name}*.parquet")) + sorted(root.glob(f"{name}/*.parquet"))
     if not files:
         raise UsageError(
@@ -135,7 +131,7 @@ def _split(root: Path, name: str, data: Data) -> ParquetTable:
     )  # fmt: skip
 
 
-def _checked(file: Path, table: pa.Table, data: Data) -> pa.Table:
+def _checked(file: Path, table: pa.Table, data: SourceTable) -> pa.Table:
     """`table` (`file`'s input and label columns), its types and labels checked."""
     images, labels = table.column(data.input), table.column(data.label)
     kind = images.type

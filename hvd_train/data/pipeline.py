@@ -1,6 +1,6 @@
 """A rank's batches of an epoch, read ahead of the step by worker threads (Grain).
 
-The trainer knows every batch's indices before the epoch starts (`sharding.shard_steps`), so
+The trainer knows every batch's indices before the epoch starts (`order.rank_steps`), so
 the batches can be taken while the steps before them run: `workers` threads each take whole
 batches (`take`: read, decode, cast), up to `prefetch` batches ahead, and hand them over in
 order. Which examples a batch holds never depends on the workers, so a run reads the same with

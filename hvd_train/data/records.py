@@ -1,4 +1,4 @@
-"""Examples as records in ArrayRecord shards, for the largest sets: the `train-*.array_record`
+"""Examples as records in ArrayRecord files, for the largest sets: the `train-*.array_record`
 and `test-*.array_record` files of `path`, each record one example's input and label in
 safetensors (`x`, `y`). ArrayRecord (the format Grain reads) finds a record by its index, so a
 batch reads its own examples' bytes and a rank's memory does not grow with the set.
@@ -11,31 +11,28 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from safetensors.numpy import load as load_example
 from safetensors.numpy import save as save_example
 from tqdm import tqdm
 
-from hvd_train.data.base import Dataset, Splits, located, take
+from hvd_train.data.base import Dataset, SourceTable, Splits, located, take
 from hvd_train.errors import UsageError
 
-if TYPE_CHECKING:
-    from hvd_train.recipe.settings import Data
-
 SUFFIX = ".array_record"
-SHARD_SIZE = 10_000  # examples per shard
+RECORDS_PER_FILE = 10_000
 WRITE_BATCH = 256  # examples taken from the source at a time
 
 
 @dataclass(frozen=True)
-class RecordShards:
-    """One split: its shards, read by index."""
+class RecordFiles:
+    """One split: its record files, read by index."""
 
     source: Any  # array_record's ArrayRecordDataSource over `files`
     files: tuple[Path, ...]
-    starts: np.ndarray  # the index of each shard's first example
+    starts: np.ndarray  # the index of each file's first example
 
     def __len__(self) -> int:
         return len(self.source)
@@ -65,17 +62,17 @@ class RecordShards:
     def damaged(self, index: int, error: Exception) -> UsageError:
         return UsageError(
             f"{located(self.files, self.starts, index, 'record')} is damaged ({error}); write "
-            "the shards again with hvd-train write-records, then continue with --resume"
+            "the record files again with hvd-train write-records, then continue with --resume"
         )
 
 
-def load_records(data: Data) -> Splits:
+def load_records(data: SourceTable) -> Splits:
     assert data.path is not None and data.input_shape is not None and data.num_classes
     root = Path(data.path)
     if not root.is_dir():
         raise UsageError(
             f"data.path: {root} is not a folder; give the folder holding the train-*{SUFFIX} "
-            f"and test-*{SUFFIX} shards (hvd-train write-records writes them)"
+            f"and test-*{SUFFIX} files (hvd-train write-records writes them)"
         )
     splits = [_split(root, name) for name in ("train", "test")]
     for split in splits:
@@ -90,43 +87,44 @@ def load_records(data: Data) -> Splits:
     return Splits(*splits)
 
 
-def _split(root: Path, name: str) -> RecordShards:
+def _split(root: Path, name: str) -> RecordFiles:
     from array_record.python.array_record_data_source import ArrayRecordDataSource
 
     files = tuple(sorted(root.glob(f"{name}-*{SUFFIX}")))
     if not files:
-        raise UsageError(f"{root} holds no {name}-*{SUFFIX} shard; write them with hvd-train "
+        raise UsageError(f"{root} holds no {name}-*{SUFFIX} file; write them with hvd-train "
                          "write-records")  # fmt: skip
     lengths = []
     for file in files:
         try:
             lengths.append(len(ArrayRecordDataSource([str(file)])))
         except Exception as error:  # array_record raises what its C++ reader reports
-            raise UsageError(f"{file} is not a readable ArrayRecord shard ({error}); write the "
-                             "shards again with hvd-train write-records") from None  # fmt: skip
+            raise UsageError(f"{file} is not a readable ArrayRecord file ({error}); write "
+                             "the record files again with hvd-train write-records"
+                             ) from None  # fmt: skip
     empty = [file for file, length in zip(files, lengths, strict=True) if not length]
     if empty:
-        raise UsageError(f"{empty[0]} holds no records; write the shards again")
-    return RecordShards(ArrayRecordDataSource([str(f) for f in files]), files,
+        raise UsageError(f"{empty[0]} holds no records; write the record files again")
+    return RecordFiles(ArrayRecordDataSource([str(f) for f in files]), files,
                         np.cumsum([0, *lengths[:-1]]))  # fmt: skip
 
 
-def write_records(splits: Splits, out: Path, shard_size: int = SHARD_SIZE) -> list[Path]:
-    """Both splits' examples, as `take` gives them, into shards of `shard_size` examples in
-    `out`; each shard is written under another name and renamed when it is whole."""
+def write_records(splits: Splits, out: Path, per_file: int = RECORDS_PER_FILE) -> list[Path]:
+    """Both splits' examples, as `take` gives them, into files of `per_file` examples in
+    `out`; each file is written under another name and renamed when it is whole."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, dataset in (("train", splits.train), ("test", splits.test)):
-        shards = max(1, -(-len(dataset) // shard_size))
+        files = max(1, -(-len(dataset) // per_file))
         progress = tqdm(total=len(dataset), desc=f"{name} records", unit="example")
-        for shard in range(shards):
-            path = out / f"{name}-{shard:05d}-of-{shards:05d}{SUFFIX}"
+        for file in range(files):
+            path = out / f"{name}-{file:05d}-of-{files:05d}{SUFFIX}"
             partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
             writer = ArrayRecordWriter(str(partial), "group_size:1")
             try:
-                for batch in _batches(dataset, shard * shard_size, shard_size):
+                for batch in _batches(dataset, file * per_file, per_file):
                     _write(writer, *take(dataset, batch))
                     progress.update(len(batch))
                 writer.close()

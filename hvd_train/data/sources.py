@@ -10,12 +10,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hvd_train.data.base import Splits
-
-if TYPE_CHECKING:
-    from hvd_train.recipe.settings import Data
+from hvd_train.data.base import SourceTable, Splits
 
 MNIST_SHAPE, MNIST_CLASSES = (28, 28, 1), 10
 # The [data] keys that a source may read, in the order they are checked; `dataset` and
@@ -26,53 +23,53 @@ SOURCE_KEYS = ("path", "input_shape", "num_classes", "train_samples", "test_samp
 
 @dataclass(frozen=True)
 class Source:
-    load: Callable[[Data, Path | None], Splits]  # the table, and where MNIST's files are
+    load: Callable[[SourceTable, Path | None], Splits]  # the table, and where MNIST's files are
     reads: tuple[str, ...]  # of SOURCE_KEYS
     # What it cannot do without, and why ("npz data needs it (the file is checked against it)").
     needs: tuple[str, ...] = ()
     why: str = ""
     defaults: Mapping[str, Any] = field(default_factory=dict)  # filled where not given
     fixed: Mapping[str, Any] = field(default_factory=dict)  # a given value must be this one
-    check: Callable[[Data], None] | None = None  # what the table alone cannot say
+    check: Callable[[SourceTable], None] | None = None  # what the table alone cannot say
 
 
-def _mnist(data: Data, data_dir: Path | None) -> Splits:
+def _mnist(data: SourceTable, data_dir: Path | None) -> Splits:
     from hvd_train.data.mnist import load_mnist
 
     return load_mnist(data_dir)
 
 
-def _npz(data: Data, data_dir: Path | None) -> Splits:
+def _npz(data: SourceTable, data_dir: Path | None) -> Splits:
     from hvd_train.data.npz import load_npz
 
     return load_npz(data)
 
 
-def _folder(data: Data, data_dir: Path | None) -> Splits:
+def _folder(data: SourceTable, data_dir: Path | None) -> Splits:
     from hvd_train.data.folder import load_folder
 
     return load_folder(data)
 
 
-def _parquet(data: Data, data_dir: Path | None) -> Splits:
+def _parquet(data: SourceTable, data_dir: Path | None) -> Splits:
     from hvd_train.data.parquet import load_parquet  # pyarrow: docs/history.md, "A job's start"
 
     return load_parquet(data)
 
 
-def _records(data: Data, data_dir: Path | None) -> Splits:
+def _records(data: SourceTable, data_dir: Path | None) -> Splits:
     from hvd_train.data.records import load_records
 
     return load_records(data)
 
 
-def _synthetic(data: Data, data_dir: Path | None) -> Splits:
+def _synthetic(data: SourceTable, data_dir: Path | None) -> Splits:
     from hvd_train.data.synthetic import load_synthetic
 
     return load_synthetic(data)
 
 
-def _image_channels(data: Data) -> None:
+def _image_channels(data: SourceTable) -> None:
     """Folder and Parquet images are grey or RGB."""
     if data.input_shape[2] not in (1, 3):  # type: ignore[index]
         raise data.fail("input_shape", f"{data.dataset} images have 1 channel (grey) or 3 (RGB)")
@@ -93,7 +90,7 @@ SOURCES: Mapping[str, Source] = MappingProxyType({
                       defaults={"resize": False, "input": "image", "label": "label"},
                       check=_image_channels),
     "records": Source(_records, reads=IMAGES, needs=IMAGES,
-                      why="records need it (the shards are checked against it)"),
+                      why="records need it (the files are checked against it)"),
     "synthetic": Source(_synthetic, reads=("input_shape", "num_classes", "train_samples",
                                            "test_samples"),
                         defaults={"input_shape": MNIST_SHAPE, "num_classes": MNIST_CLASSES,
@@ -107,7 +104,7 @@ def readers(key: str) -> str:
     return f"{', '.join(others)} or {last}" if others else last
 
 
-def checked_source_keys(data: Data) -> dict[str, Any]:
+def checked_source_keys(data: SourceTable) -> dict[str, Any]:
     """The values `data`'s source gives the keys it reads: each given one checked, the missing
     ones filled in; a key it does not read is refused, naming the sources that do."""
     source, filled = SOURCES[data.dataset], {}
@@ -129,7 +126,7 @@ def checked_source_keys(data: Data) -> dict[str, Any]:
     return filled
 
 
-def load_from_source(data: Data, data_dir: Path | None) -> Splits:
+def load_from_source(data: SourceTable, data_dir: Path | None) -> Splits:
     """`data`'s examples as its source gives them, without transforms; `data_dir` is where
     MNIST's files are (default: the cache)."""
     return SOURCES[data.dataset].load(data, data_dir)

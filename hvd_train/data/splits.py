@@ -1,11 +1,11 @@
-"""A recipe's data as `Splits`: its source's (or its own data function's, checked), with the
-transforms and the validation split it asks for."""
+"""Examples as `Splits`: what a Python recipe's data function returned, checked; the
+deterministic transforms on the splits that are evaluated; a validation split set aside from
+the training examples. (A recipe's data, as its tables ask: `recipe/examples.py`.)"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -18,12 +18,8 @@ from hvd_train.data.base import (
     subset,
 )
 from hvd_train.data.hugging_face import hugging_face, is_hugging_face
-from hvd_train.data.sources import load_from_source
-from hvd_train.data.transforms import Transformed
+from hvd_train.data.transforms import Transform, Transformed
 from hvd_train.errors import UsageError
-
-if TYPE_CHECKING:
-    from hvd_train.recipe import Recipe
 
 VALIDATION_STREAM = 7  # the seed's stream for the validation split, apart from the others
 
@@ -36,71 +32,40 @@ RETURNS = (
 SPLIT_NAMES = ("train", "validation", "test")
 
 
-def load_data(recipe: Recipe, data_dir: Path | None) -> Splits:
-    """The recipe's data; `data_dir` is where MNIST is read from (default: the cache). The test
-    split takes the deterministic transforms (the training split takes them all as its batches
-    are read: `pipeline.read_ahead`)."""
-    splits = load_source(recipe, data_dir)
-    evaluation = recipe.transforms().evaluation
+def with_evaluation_transforms(splits: Splits, evaluation: tuple[Transform, ...]) -> Splits:
+    """`splits` with the deterministic transforms (`evaluation`) applied to its test and
+    validation splits (the training split takes them all as its batches are read)."""
     if not evaluation:
         return splits
     validation = splits.validation and Transformed(splits.validation, evaluation)
     return Splits(splits.train, Transformed(splits.test, evaluation), validation)
 
 
-def load_source(recipe: Recipe, data_dir: Path | None) -> Splits:
-    """The recipe's data as its source (or its own data function) gives it, without
-    transforms."""
-    data = recipe.data
-    return _from_python(data(), recipe) if callable(data) else load_from_source(data, data_dir)
-
-
-def with_validation(splits: Splits, recipe: Recipe, seed: int) -> Splits:
-    """`splits` with the recipe's `validation_fraction` of the training examples set aside as
-    the validation split: drawn with `seed` alone, so the same on every rank and at any world
-    size, and taking evaluation's transforms as the test split does. A source's own
-    validation split stays as it is."""
-    fraction, count = recipe.loading.validation_fraction, len(splits.train)
-    if splits.validation is not None and fraction:
-        raise UsageError(
-            f"data.validation_fraction: the data gives its own validation split "
-            f"({len(splits.validation)} examples); remove validation_fraction"
-        )
-    if not fraction:
-        if splits.validation is None and (watcher := recipe.validation_watcher()):
-            raise UsageError(
-                f"{watcher}: it watches the validation split, which {recipe.source or 'the data'}"
-                "'s data function does not return; return (train, validation, test), or set "
-                "data.validation_fraction (0.1 is usual)"
-            )
-        return splits
-    held = round(count * fraction)
-    if not 0 < held < count:
-        raise UsageError(
-            f"data.validation_fraction: {fraction} of the {count} training examples sets aside "
-            f"{held}; give a fraction that leaves examples on both sides"
-        )
-    order = np.random.default_rng([seed, VALIDATION_STREAM]).permutation(count)
+def set_aside(splits: Splits, held: int, seed: int, evaluation: tuple[Transform, ...]) -> Splits:
+    """`splits` with `held` of its training examples set aside as the validation split, drawn
+    with `seed` alone (the same on every rank and at any world size), taking the deterministic
+    transforms (`evaluation`) as the test split does."""
+    order = np.random.default_rng([seed, VALIDATION_STREAM]).permutation(len(splits.train))
     validation = subset(splits.train, np.sort(order[:held]))
-    evaluation = recipe.transforms().evaluation
     if evaluation:
         validation = Transformed(validation, evaluation)
     return Splits(subset(splits.train, np.sort(order[held:])), splits.test, validation)
 
 
-def _from_python(returned: Any, recipe: Recipe) -> Splits:
-    """What a Python recipe's data function returned, as Splits; a wrong shape is one line."""
+def from_function(returned: Any, source: str, loss: Any) -> Splits:
+    """What a Python recipe's data function (in file `source`) returned, as Splits, checked for
+    what `loss` needs; a wrong shape is one line."""
     if isinstance(returned, Mapping):
         if not {"train", "test"} <= set(returned) <= set(SPLIT_NAMES):
             names = ", ".join(map(repr, returned))
-            raise UsageError(f"{recipe.source}: data() returned a dict of {names}; {RETURNS}")
+            raise UsageError(f"{source}: data() returned a dict of {names}; {RETURNS}")
         parts = dict(returned)
     elif isinstance(returned, tuple | list) and len(returned) in (2, 3):
         named = SPLIT_NAMES if len(returned) == 3 else ("train", "test")
         parts = dict(zip(named, returned, strict=True))
     else:
-        raise UsageError(f"{recipe.source}: data() returned {type(returned).__name__}; {RETURNS}")
-    made = {name: _dataset(part, f"{recipe.source}: data()'s {name}", recipe.loss)
+        raise UsageError(f"{source}: data() returned {type(returned).__name__}; {RETURNS}")
+    made = {name: _dataset(part, f"{source}: data()'s {name}", loss)
             for name, part in parts.items()}  # fmt: skip
     return Splits(made["train"], made["test"], made.get("validation"))
 

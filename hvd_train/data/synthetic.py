@@ -8,14 +8,10 @@ indices. A model can learn it to nearly 100%, so it serves both benchmarks and t
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hvd_train.data.base import Splits
-
-if TYPE_CHECKING:
-    from hvd_train.recipe.settings import Data
+from hvd_train.data.base import SourceTable, Splits
 
 TEST_OFFSET = 1 << 40  # test examples are numbered after every possible training example
 NOISE_SCALE = math.sqrt(3.0)  # uniform noise in [-sqrt 3, sqrt 3): variance 1
@@ -52,7 +48,7 @@ class SyntheticDataset:
         return images, labels
 
 
-def load_synthetic(data: Data) -> Splits:
+def load_synthetic(data: SourceTable) -> Splits:
     assert data.train_samples and data.test_samples and data.input_shape and data.num_classes
     return Splits(
         train=SyntheticDataset(data.train_samples, 0, data.input_shape, data.num_classes),

@@ -1,8 +1,8 @@
-"""What a framework brings to the distributed layer: its `Backend`, the strategy that
-`Distributed` drives, in the shape of Lightning Fabric's strategies. A backend starts Horovod
+"""What a framework brings to the distributed layer: its `Backend`, the strategy that the
+façade's facets drive, in the shape of Lightning Fabric's strategies. A backend starts Horovod
 for its framework, takes a model and an optimizer (`setup`), runs a step, evaluates a batch, and
 moves the model's state between ranks and to and from NumPy; everything around it (collectives
-of objects, checkpoints, data, the replica check) is the layer's, written once."""
+of objects, checkpoints, data, the replica check) is the facets', written once."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from hvd_train.checkpoint import Arrays
+from hvd_train.distributed.checkpoint_files import Arrays
 from hvd_train.errors import UsageError
+from hvd_train.recipe.settings import ExchangeSettings
 
 T = TypeVar("T")
 Batch = tuple[Any, Any]  # inputs and labels (an array, or a tuple of them), as NumPy
@@ -25,21 +26,6 @@ Batch = tuple[Any, Any]  # inputs and labels (an array, or a tuple of them), as 
 # written file loaded back (None where the runtime that loads it is not installed).
 Exported = tuple[Path, np.ndarray, np.ndarray | None]
 Loss = str | Callable[[Any, Any], Any]  # "cross_entropy", or (outputs, labels) -> mean loss
-
-
-@dataclass(frozen=True)
-class ExchangeSettings:
-    """How a step's gradients travel and are applied, as a recipe's `[horovod]` table and
-    `gradient_clip_norm` say: cast to 16 bits or not (`compression`), after how many local
-    backward passes, whether in buckets while the last pass goes on (`overlap`: True, False or
-    "auto"), the norm they are clipped to after averaging (0: not clipped), and what each rank
-    keeps of the optimizer's state and the averaged gradients (`shard`)."""
-
-    compression: str = "none"
-    backward_passes_per_step: int = 1
-    overlap: bool | str = "auto"
-    gradient_clip_norm: float = 0.0
-    shard: str = "none"
 
 
 @dataclass(frozen=True)
@@ -95,8 +81,7 @@ class Backend(ABC):
     """One framework under Horovod. What a framework must write is the abstract methods:
     `start`, `setup`, `step`, `eval_batch`, `broadcast_state`, `sync_buffers`, `state` and
     `load_state`, and for a loop of one's own `tensors`, `reseed`, `layout`, `overlapping`
-    and `scale_learning_rate`. `backward`, `no_sync`,
-    `export` and bench's `local_step` and `gradient_allreduce` are optional."""
+    and `scale_learning_rate`. `backward`, `no_sync` and `export` are optional."""
 
     name: ClassVar[str]
     hvd: ModuleType  # the binding: horovod.torch or horovod.tensorflow
@@ -124,12 +109,13 @@ class Backend(ABC):
         `may_overlap`: whether steps may send gradients while the backward pass goes on."""
 
     @abstractmethod
-    def setup(self, model: Any, optimizer: Any, exchange: ExchangeSettings, loss: Loss,
-              precision: str = "fp32") -> tuple[Any, Any]:  # fmt: skip
+    def setup(self, model: Any, optimizer: Any, settings: ExchangeSettings, clip_norm: float,
+              loss: Loss, precision: str = "fp32") -> tuple[Any, Any]:  # fmt: skip
         """Takes the model (a torch module, or a Keras model on this framework's backend) onto
         the device, and the optimizer: the framework's own, or a recipe's `Optimizer` table it
         makes one from. Returns both, the optimizer made distributed: its step averages the
-        gradients over the ranks as `exchange` says. `loss` is what `step` and `eval_batch`
+        gradients over the ranks as the `[horovod]` table's `settings` say, and clips their
+        norm to `clip_norm` (0: not clipped). `loss` is what `step` and `eval_batch`
         compute; `precision` what the passes compute in (the weights stay fp32, and fp16's
         loss is scaled so that small gradients do not vanish). A mistake (an optimizer of
         another framework, ...) is one UsageError line."""
@@ -213,7 +199,9 @@ class Backend(ABC):
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Backward passes whose gradients stay on this rank, adding up until a pass outside."""
+        """Passes and steps whose gradients stay on this rank, as DDP's `no_sync`: backward
+        passes add their gradients up locally, and a step taken inside updates with this rank's
+        own (the replicas part: what a step costs without the exchange)."""
         raise UsageError(
             f"{self.name}'s loop has no no_sync(); accumulate with setup(..., "
             "backward_passes_per_step=N)"
@@ -232,25 +220,3 @@ class Backend(ABC):
         it went (another suffix where a fallback wrote it), and the model's outputs on `example`
         as exported and as loaded back from the file."""
         raise UsageError(f"{self.name} exports to no format")
-
-    # Optional: what `hvd-train bench` times (a framework without them trains, but cannot be
-    # benched).
-    def local_step(self, batches: list[Batch], seed: int) -> None:
-        """The step without the exchange, on this rank alone, for `hvd-train bench`: the
-        passes, then the update with this rank's own gradients, which never reach Horovod."""
-        raise UsageError(f"hvd-train bench cannot time {self.name}: its backend has no local step")
-
-    def measured_unsharded(self, what: str) -> None:
-        """`hvd-train bench` times `what` unsharded: one line where setup sharded."""
-        if self.sharded:
-            raise UsageError(
-                f"{what} (hvd-train bench) is measured unsharded: bench the recipe with --set "
-                'horovod.shard="none"',
-                every_rank=True,
-            )
-
-    def gradient_allreduce(self) -> Callable[[], Any]:
-        """A plain allreduce of tensors shaped like the gradients (as they travel: fp16 under
-        compression), ready to run again and again."""
-        raise UsageError(f"hvd-train bench cannot time {self.name}: its backend has no exchange "
-                         "to time alone")  # fmt: skip

@@ -11,12 +11,13 @@ import dataclasses
 from importlib import resources
 
 from hvd_train.recipe.base import Recipe
+from hvd_train.recipe.examples import load_data, load_source, with_validation
 from hvd_train.recipe.layers import Layer
 from hvd_train.recipe.python import is_python_reference, load_python_recipe
 from hvd_train.recipe.settings import (
     Checkpoints,
     Data,
-    Horovod,
+    ExchangeSettings,
     Loading,
     Optimizer,
     Output,
@@ -40,12 +41,15 @@ def load_recipe(reference: str) -> Recipe:
 __all__ = [
     "Checkpoints",
     "Data",
-    "Horovod",
+    "ExchangeSettings",
     "Layer",
     "Loading",
     "Optimizer",
     "Output",
     "Recipe",
     "Schedule",
+    "load_data",
     "load_recipe",
+    "load_source",
+    "with_validation",
 ]

@@ -17,8 +17,8 @@ from typing import Any
 
 from hvd_train.callbacks import Callback
 from hvd_train.data.transforms import Transforms, parse_transforms
-from hvd_train.distributed.frameworks import FRAMEWORKS, OWN_MODELS, framework_named
 from hvd_train.errors import UsageError
+from hvd_train.frameworks import FRAMEWORKS, OWN_MODELS, framework_named
 from hvd_train.recipe.layers import Layer, checked_layers
 from hvd_train.recipe.scoring import BUILT_IN, NAME, Metric, metric_name
 from hvd_train.recipe.settings import (
@@ -28,7 +28,7 @@ from hvd_train.recipe.settings import (
     RENAMED,
     Checkpoints,
     Data,
-    Horovod,
+    ExchangeSettings,
     Loading,
     Optimizer,
     Output,
@@ -91,7 +91,7 @@ class Recipe:
     metrics: tuple[str | Metric, ...] | None = None
     optimizer: Optimizer | Callable[..., Any] = field(default_factory=Optimizer)
     schedule: Schedule = field(default_factory=Schedule)
-    horovod: Horovod = field(default_factory=Horovod)
+    horovod: ExchangeSettings = field(default_factory=ExchangeSettings)
     checkpoints: Checkpoints = field(default_factory=Checkpoints)
     loading: Loading = field(default_factory=Loading)
     output: Output = field(default_factory=Output)
@@ -126,8 +126,9 @@ class Recipe:
         object.__setattr__(self, "metrics", self._checked_metrics())
         if callable(self.optimizer):  # the framework's own optimizer, made by the recipe
             object.__setattr__(self, "optimizer", Optimizer(function=self.optimizer))
-        for table, cls in ((self.optimizer, Optimizer), (self.schedule, Schedule),
-                           (self.horovod, Horovod), (self.checkpoints, Checkpoints)):  # fmt: skip
+        tables = ((self.optimizer, Optimizer), (self.schedule, Schedule),
+                  (self.horovod, ExchangeSettings), (self.checkpoints, Checkpoints))  # fmt: skip
+        for table, cls in tables:
             if not isinstance(table, cls):
                 raise UsageError(f"{cls.section}: expected {cls.__name__}(...), got {table!r}")
         if self.schedule.early_stopping is not None:

@@ -52,15 +52,17 @@ PARAMETERS: dict[str, dict[str, tuple[Rule | None, Any]]] = {
 DECAYS = tuple(PARAMETERS)
 
 
-def scaled_learning_rate(base: float, scale: int, rule: str) -> float:
-    """The recipe's one-process learning rate, for a global batch `scale` times the recipe's
-    batch (world size x backward passes per step).
+def scaling_factor(scale: int, rule: str) -> float:
+    """What a one-process learning rate is multiplied by for a global batch `scale` times the
+    one-process batch (world size x backward passes per step): the one rule of hvd_train's
+    learning-rate scaling, a recipe's (`[schedule] lr_scaling`) and a loop's own
+    (`setup(..., scale_learning_rate=...)`).
 
     "linear" follows Goyal et al. and Horovod's examples (the global batch grows with the world
-    size, so does the step); "sqrt" is gentler, for adaptive optimizers at large scale.
+    size and the passes, so does the step); "sqrt" is gentler, for adaptive optimizers at large
+    scale.
     """
-    factor = {"linear": scale, "sqrt": math.sqrt(scale), "none": 1.0}[rule]
-    return base * factor
+    return {"linear": float(scale), "sqrt": math.sqrt(scale), "none": 1.0}[rule]
 
 
 def parse_decay(given: Any) -> tuple[str, dict[str, Any]]:
@@ -130,7 +132,7 @@ class LearningRateSchedule:
         decay, parameters = parse_decay(schedule.decay)
         return cls(
             base=base,
-            peak=scaled_learning_rate(base, scale, schedule.lr_scaling),
+            peak=base * scaling_factor(scale, schedule.lr_scaling),
             warmup_steps=round(schedule.warmup_epochs * steps_per_epoch),
             total_steps=schedule.epochs * steps_per_epoch,
             steps_per_epoch=steps_per_epoch,

@@ -98,7 +98,7 @@ class Data(Settings):
     relative to the recipe); `folder`, images in one folder per class under `path`/train and
     `path`/test (`resize`: to `input_shape`); `parquet`, tables of the `input` and `label`
     columns in the `train*.parquet` and `test*.parquet` files of `path`; `records`, ArrayRecord
-    shards in `path` (`hvd-train write-records`); or `synthetic`, generated on the fly. Which
+    files in `path` (`hvd-train write-records`); or `synthetic`, generated on the fly. Which
     source reads which key: `data/sources.py`."""
 
     section = "data"
@@ -268,12 +268,13 @@ class Schedule(Settings):
 
 
 @dataclass(frozen=True)
-class Horovod(Settings):
-    """How gradients travel: as they are, or as fp16 or bf16 (`compression`); after how many
-    local backward passes; and whether in buckets while the last backward pass goes on
-    (`overlap = true`), in one group after it (`false`), or as hvd_train measures best
-    (`"auto"`, see docs/performance.md); and what each rank keeps of the optimizer's state and
-    the averaged gradients (`shard`, see docs/sharding.md)."""
+class ExchangeSettings(Settings):
+    """The `[horovod]` table: how the ranks exchange the gradients and share out the training
+    state, from the recipe to the backend's exchange unchanged. Gradients travel as they are,
+    or as fp16 or bf16 (`compression`); after how many local backward passes; in buckets while
+    the last backward pass goes on (`overlap = true`), in one group after it (`false`), or as
+    hvd_train measures best (`"auto"`, see docs/performance.md); and each rank keeps what
+    `shard` says of the optimizer's state and the averaged gradients (docs/sharding.md)."""
 
     section = "horovod"
     compression: str = setting("none", kind=str, choices=COMPRESSIONS)
@@ -286,6 +287,11 @@ class Horovod(Settings):
         if not (isinstance(self.overlap, bool) or self.overlap == "auto"):
             choices = 'choose true, false or "auto"'
             raise self.fail("overlap", f"unknown value {self.overlap!r}; {choices}")
+
+    def unsharded(self) -> ExchangeSettings:
+        """These settings with every rank holding the whole state (what evaluating and
+        exporting, which step nothing, set up)."""
+        return dataclasses.replace(self, shard="none")
 
 
 @dataclass(frozen=True)
@@ -405,7 +411,7 @@ def _default(cls: type[Settings], key: str) -> Any:
 # Every key's section, so an override may name a key alone (`epochs=2`): the names are unique.
 KEY_SECTIONS = {
     item.name: cls.section
-    for cls in (Data, Loading, Optimizer, Schedule, Horovod, Checkpoints, Output)
+    for cls in (Data, Loading, Optimizer, Schedule, ExchangeSettings, Checkpoints, Output)
     for item in dataclasses.fields(cls)
 }
 LOADING_KEYS = frozenset(item.name for item in dataclasses.fields(Loading))
@@ -413,7 +419,7 @@ LOADING_KEYS = frozenset(item.name for item in dataclasses.fields(Loading))
 
 def make_settings(cls: type[Settings], table: dict[str, Any]) -> Any:
     """`cls` made from a TOML table or overrides: unknown keys are refused by name."""
-    if cls is Horovod and "fp16_compression" in table:
+    if cls is ExchangeSettings and "fp16_compression" in table:
         table = read_fp16_compression(table)
     known = {item.name for item in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(table) - known)

@@ -7,10 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from hvd_train.data import ArrayDataset, Dataset, batch_size, take
-from hvd_train.data.sharding import eval_indices
-from hvd_train.data.transforms import Transformed
-from hvd_train.distributed.layer import Distributed
+from hvd_train.data import ArrayDataset, Dataset, Transformed, batch_size, take
+from hvd_train.distributed import Distributed
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.scoring import CLASS_METRICS, Metric
@@ -21,12 +19,11 @@ EVAL_BATCH_SIZE = 1000
 def evaluate(dist: Distributed, test: Dataset, metrics: dict[str, Metric]) -> dict[str, float]:
     """The test loss and each metric by name, with rank 0's running statistics; each rank
     takes its own slice (uneven, never padded), so every example counts once."""
-    dist.sync_buffers()
-    mine = eval_indices(len(test), dist.rank, dist.world_size)
+    dist.exchange.sync_buffers()
     sums = np.zeros(2 + 2 * len(metrics))  # the loss's sum and count, then each metric's
-    for first in range(0, len(mine), EVAL_BATCH_SIZE):
-        x, y = take(test, mine[first : first + EVAL_BATCH_SIZE])
-        loss, outputs = dist.eval_batch(x, y)
+    loader = dist.loader(test, EVAL_BATCH_SIZE, shuffle=False, workers=0)
+    for [(x, y)] in loader.step_batches():
+        loss, outputs = dist.exchange.eval_batch(x, y)
         sums += [loss, batch_size(x), *(part for metric in metrics.items()
                                  for part in _summed(*metric, outputs, y))]  # fmt: skip
     totals = dist.all_reduce(sums, op="sum")
@@ -56,8 +53,8 @@ def check_outputs_fit(dist: Distributed, recipe: Recipe, train: Dataset) -> None
     examples = Transformed(train, evaluation) if evaluation else train
     x, y = take(examples, np.arange(min(2, len(train))))
     if isinstance(x, dict):
-        check_input_names(sorted(x), dist.input_names())
-    outputs, names = dist.eval_batch(x)[1], set(recipe.metric_functions)
+        check_input_names(sorted(x), dist.exchange.input_names())
+    outputs, names = dist.exchange.eval_batch(x)[1], set(recipe.metric_functions)
     if recipe.loss == "cross_entropy" or names & set(CLASS_METRICS):
         if isinstance(y, tuple) or outputs.shape[:-1] != y.shape:
             raise UsageError(

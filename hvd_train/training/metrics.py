@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hvd_train.distributed.frameworks import FRAMEWORKS
 from hvd_train.errors import UsageError
+from hvd_train.frameworks import FRAMEWORKS
 from hvd_train.training.trackers import Trackers
 
 # metrics.jsonl keys -> TensorBoard tags; an evaluation's `test_<name>` is `test/<name>`, and

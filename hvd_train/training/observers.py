@@ -14,7 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from hvd_train.callbacks import Callback, State
-from hvd_train.distributed.layer import Distributed, ElasticState
+from hvd_train.distributed import Distributed, ElasticState
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.learning_rate import LearningRateSchedule
 from hvd_train.recipe.scoring import describe
@@ -37,8 +37,10 @@ class Loop(Protocol):
     throughput: Throughput
     records: MetricsWriter
     position: Position  # the step just done; at an epoch's end, (next epoch, 0)
-    workers: int  # the data workers of the epoch that trains
     elastic_state: ElasticState | None
+
+    @property
+    def workers(self) -> int: ...  # the data workers that read the training batches
 
     @property
     def evaluated_split(self) -> str: ...  # what evaluations in training measure: val or test

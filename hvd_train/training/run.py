@@ -7,13 +7,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from hvd_train.builders import Layout, build_model
-from hvd_train.checkpoint import Arrays, Checkpoint, check_weights_fit
-from hvd_train.distributed.layer import Distributed, buckets
+import numpy as np
+
+from hvd_train.builders import build_model
+from hvd_train.distributed import Distributed, Layout, buckets
 from hvd_train.recipe import Recipe
 from hvd_train.recipe.layers import trained_weight_shapes
 from hvd_train.recipe.settings import Data, Optimizer
-from hvd_train.training.resume import check_layout
 
 
 def start(framework: str, recipe: Recipe | None = None) -> Distributed:
@@ -46,17 +46,9 @@ class Run:
     layout: Layout
     model: Any  # the framework's own: a torch module, a Keras model
 
-    def weights(self) -> Arrays:
+    def weights(self) -> dict[str, np.ndarray]:
         """The model's weights as checkpoints hold them."""
-        return self.layout.to_saved(self.dist.state(optimizer=False).weights)
-
-    def load_weights(self, checkpoint: Checkpoint, remedy: str) -> None:
-        """Loads `checkpoint`'s weights, once they are known to fit this model; `remedy` is
-        what the message of a checkpoint of another model tells the user to do."""
-        check_layout(checkpoint, self.dist.framework, self.layout.name)
-        check_weights_fit(checkpoint, self.weights(), remedy)
-        current = self.dist.state(optimizer=False).weights
-        self.dist.load_state(weights=self.layout.from_saved(checkpoint.weights, current))
+        return self.layout.to_saved(self.dist.exchange.state(optimizer=False).weights)
 
 
 def open_run(framework: str | Distributed, recipe: Recipe, seed: int, trains: bool = True) -> Run:
@@ -65,12 +57,11 @@ def open_run(framework: str | Distributed, recipe: Recipe, seed: int, trains: bo
     recipe says where it `trains` (evaluating and exporting step nothing)."""
     dist = start(framework, recipe) if isinstance(framework, str) else framework
     built = build_model(recipe, dist.framework, seed)
-    horovod, optimizer = recipe.horovod, recipe.optimizer
+    optimizer = recipe.optimizer
     assert isinstance(optimizer, Optimizer)  # a function given is one's `function`
+    settings = recipe.horovod if trains else recipe.horovod.unsharded()
     model, _ = dist.setup(
-        built.model, optimizer, compression=horovod.compression, overlap=horovod.overlap,
-        backward_passes_per_step=horovod.backward_passes_per_step,
-        gradient_clip_norm=optimizer.gradient_clip_norm, precision=recipe.schedule.precision,
-        loss=recipe.loss, shard=horovod.shard if trains else "none",
+        built.model, optimizer, horovod=settings, gradient_clip_norm=optimizer.gradient_clip_norm,
+        precision=recipe.schedule.precision, loss=recipe.loss, layout=built.layout,
     )  # fmt: skip
     return Run(dist, recipe, built.layout, model)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hvd_train.distributed.layer import StepResult
+from hvd_train.distributed import StepResult
 
 IMAGES_PER_SECOND_BASIS = (
     "the images of every training step on all ranks, over the wall time of all those steps on "

@@ -15,8 +15,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hvd_train.checkpoint import BEST, best_checkpoint, checkpoints
-
 # Where the tracking server does not answer, MLflow's client retries for minutes by default;
 # a few seconds, unless the user says otherwise, then the run goes on without it.
 MLFLOW_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
@@ -35,8 +33,9 @@ class Tracker:
     def record(self, record: Mapping[str, Any]) -> None:
         """A record as metrics.jsonl holds it."""
 
-    def finish(self, folder: Path) -> None:
-        """The run ended: summary.json and curves.png are written."""
+    def finish(self, folder: Path, kept: tuple[str, Path] | None) -> None:
+        """The run ended: summary.json and curves.png are written; `kept` is the checkpoint the
+        run keeps to hand on, its best ("best") or else its newest ("checkpoint")."""
 
 
 class CsvTracker(Tracker):
@@ -81,14 +80,13 @@ class MlflowTracker(Tracker):
                    if key not in NOT_FIGURES and isinstance(value, int | float)}  # fmt: skip
         self.mlflow.log_metrics(figures, step=int(record["step"]))
 
-    def finish(self, folder: Path) -> None:
+    def finish(self, folder: Path, kept: tuple[str, Path] | None) -> None:
         for name in ("summary.json", "curves.png"):
             if (folder / name).exists():
                 self.mlflow.log_artifact(str(folder / name))
-        if best := best_checkpoint(folder / BEST):
-            self.mlflow.log_artifacts(str(best), artifact_path=f"best/{best.name}")
-        elif saved := checkpoints(folder / "checkpoints"):
-            self.mlflow.log_artifacts(str(saved[-1]), artifact_path=f"checkpoint/{saved[-1].name}")
+        if kept is not None:
+            kind, path = kept
+            self.mlflow.log_artifacts(str(path), artifact_path=f"{kind}/{path.name}")
         self.mlflow.end_run()
 
 

@@ -2,11 +2,12 @@
 `run_step`, `run_epoch`, `save_snapshot` (and `resume`), `fit`.
 
 It is handed its collaborators built: the run (the distributed layer and the model), the data,
-the records, the snapshots. What happens at its events besides training is its observers'
-(`observers.py`), then the recipe's callbacks' (`callbacks.py`), which it calls alike. It talks
-to the framework only through the distributed layer (`hvd_train.distributed.layer`), as a loop
-of one's own does. Rank 0 alone writes files and shows progress; every rank runs the same
-steps and collectives, and stops at the same step.
+the records. What happens at its events besides training is its observers' (`observers.py`),
+then the recipe's callbacks' (`callbacks.py`), which it calls alike. It is the distributed
+layer's first user, as a loop of one's own is: its batches come from the layer's loader, its
+steps from the exchange, its checkpoints go through the layer's one checkpoint path
+(`hvd_train.distributed`). Rank 0 alone writes files and shows progress; every rank runs the
+same steps and collectives, and stops at the same step.
 """
 
 from __future__ import annotations
@@ -25,11 +26,8 @@ import numpy as np
 from tqdm import tqdm
 
 from hvd_train.callbacks import Callback, State
-from hvd_train.checkpoint import BEST, Checkpoint, set_aside_later
-from hvd_train.data import Splits
-from hvd_train.data.pipeline import Step, Taken, augmentation, read_ahead, workers_for
-from hvd_train.data.sharding import epoch_order, shard_steps, step_seed
-from hvd_train.distributed.layer import ElasticState, StepResult
+from hvd_train.data import Splits, batch_size
+from hvd_train.distributed import Best, ElasticState, Found, StepResult
 from hvd_train.errors import Stopped, UsageError
 from hvd_train.recipe.learning_rate import LearningRateSchedule
 from hvd_train.training.evaluation import evaluate
@@ -37,25 +35,27 @@ from hvd_train.training.metrics import MetricsWriter, write_error
 from hvd_train.training.observers import loop_observers
 from hvd_train.training.options import RunOptions
 from hvd_train.training.position import EpochPlan, Position
+from hvd_train.training.resume import check_continues, check_layout
 from hvd_train.training.run import Run
-from hvd_train.training.snapshots import Snapshots
 from hvd_train.training.stopping import StopRequests
 from hvd_train.training.throughput import Throughput
 from hvd_train.version import __version__
 
+# What a resumed run's line says where its checkpoint does not fit the recipe's model.
+RESUME_REMEDY = "resume with that recipe or choose another --output-dir"
+
 
 class Trainer:
-    def __init__(self, run: Run, data: Splits, options: RunOptions, snapshots: Snapshots,
+    def __init__(self, run: Run, data: Splits, options: RunOptions,
                  records: MetricsWriter) -> None:  # fmt: skip
         self.run, self.data, self.options = run, data, options
         self.dist, self.recipe = run.dist, run.recipe
-        self.snapshots, self.records = snapshots, records
+        self.records = records
         assert options.output_dir is not None and options.seed is not None, "decided by now"
         self.output_dir, self.seed = options.output_dir, options.seed
         self.throughput = Throughput()
         self.elastic_state: ElasticState | None = None
         self.requests = StopRequests()
-        self.workers = 0  # the data workers of the epoch that trains
         self.epoch, self.position = 0, Position(0, 0)  # the epoch under way, the step done
         self.saved: Position | None = None  # where the last checkpoint was
         names = ["loss", *self.recipe.metric_functions]
@@ -67,19 +67,28 @@ class Trainer:
         self.resize()
 
     def resize(self) -> None:
-        """What follows from the world size and this rank: steps per epoch (every rank takes a
-        new shard), global batch, learning rate, and who writes the records. Called again when
-        an elastic job resizes (rank 0 may then be another process)."""
-        world_size, recipe = self.dist.world_size, self.recipe
-        self.records.enabled = self.dist.is_rank_zero
-        self.plan = EpochPlan.for_world(
-            len(self.data.train), world_size, recipe.schedule, recipe.horovod,
-            self.options.limit_steps,
+        """What follows from the world size and this rank: the loader (every rank takes a new
+        slice of the examples), steps per epoch, global batch, learning rate, and who writes
+        the records. Called again when an elastic job resizes (rank 0 may then be another
+        process)."""
+        dist, recipe, loading = self.dist, self.recipe, self.recipe.loading
+        self.records.enabled = dist.is_rank_zero
+        passes = recipe.horovod.backward_passes_per_step
+        self.loader = dist.loader(
+            self.data.train, recipe.schedule.batch_size, seed=self.seed, workers=loading.workers,
+            prefetch=loading.prefetch, transforms=recipe.transforms(), timeout=loading.timeout,
+            passes=passes, limit=self.options.limit_steps,
         )  # fmt: skip
+        self.plan = EpochPlan(len(self.loader), self.loader.global_batch)
         self.schedule = LearningRateSchedule.from_recipe(
-            recipe.schedule, self.dist.learning_rate,
-            world_size * recipe.horovod.backward_passes_per_step, self.plan.steps_per_epoch,
+            recipe.schedule, dist.learning_rate, dist.world_size * passes,
+            self.plan.steps_per_epoch,
         )  # fmt: skip
+
+    @property
+    def workers(self) -> int:
+        """The data workers that read the training batches ahead."""
+        return self.loader.workers
 
     def examples(self, position: Position) -> int:
         """Training examples seen since the run began, whatever the world size: the position
@@ -87,43 +96,34 @@ class Trainer:
         size = len(self.data.train)
         return position.epoch * size + min(self.plan.samples(position), size)
 
-    def run_step(self, batches: Iterator[Taken], indices: Step, step: int) -> StepResult:
-        """One optimizer step on this rank's next batches (one per backward pass), whose
-        examples are `indices`; the wait for them is the step's T_data."""
+    def run_step(self, batches: Iterator[list[tuple[Any, Any]]], index: int,
+                 step: int) -> StepResult:  # fmt: skip
+        """Step `index` of the epoch (global step `step`) on this rank's next batches (one per
+        backward pass); the wait for them is the step's T_data."""
         dist = self.dist
         started = time.perf_counter()
         taken = next(batches)
         waited = time.perf_counter() - started
         if self.records.failure:
             self.requests.failure = self.records.failure
-        result = dist.train_step(
-            taken, self.schedule(step), step_seed(self.seed, step, dist.rank),
-            self.requests.flags(),
-        )  # fmt: skip
-        images = sum(map(len, indices)) * dist.world_size
+        result = dist.exchange.step(taken, self.schedule(step), self.loader.step_seed(index),
+                                    self.requests.flags())  # fmt: skip
+        images = sum(batch_size(x) for x, _ in taken) * dist.world_size
         self.throughput.add(images, time.perf_counter() - started, result, waited)
         return result
 
     def run_epoch(self, epoch: int, first_step: int) -> bool:
         """Trains epoch `epoch` from `first_step` on, then evaluates; whether training goes on
         (no callback asked it to stop)."""
-        dist, steps = self.dist, self.plan.steps_per_epoch
-        order = epoch_order(len(self.data.train), self.seed, epoch)
-        shard = shard_steps(order, dist.rank, dist.world_size,
-                            self.recipe.schedule.batch_size,
-                            self.recipe.horovod.backward_passes_per_step)  # fmt: skip
+        steps = self.plan.steps_per_epoch
         self.epoch, self.position = epoch, Position(epoch, first_step)
         self.notify("on_epoch_start")
-        loading = self.recipe.loading
-        self.workers = workers_for(loading.workers, self.data.train, dist.threads)
         losses, asked = [], False
-        augment = augmentation(self.recipe.transforms(), self.seed, epoch)
-        reading = read_ahead(self.data.train, shard[first_step:steps], self.workers,
-                             loading.prefetch, augment, loading.timeout)  # fmt: skip
-        with closing(reading) as batches:
+        self.loader.set_epoch(epoch, first_step)
+        with closing(self.loader.step_batches()) as batches:
             for index in range(first_step, steps):
                 step = self.plan.global_step(Position(epoch, index))
-                result = self.run_step(batches, shard[index], step)
+                result = self.run_step(batches, index, step)
                 self.position = Position(epoch, index + 1)
                 asked = self.check_step(result)
                 losses.append(result.loss)
@@ -277,43 +277,70 @@ class Trainer:
                 states[key] = state
         return states
 
+    def saved_values(self, position: Position) -> dict[str, Any]:
+        """What a checkpoint of `position` holds beside the tensors: the model and optimizer
+        `setup` returned, where the run stands and what shaped it, and what the observers and
+        callbacks keep (rank 0's, which every rank takes back on resuming)."""
+        exchange = self.dist.exchange
+        return {
+            "model": exchange.model,
+            "optimizer": exchange.optimizer,
+            "epoch": position.epoch,
+            "step": position.step,
+            "global_step": self.plan.global_step(position),
+            "seed": self.seed,
+            "limit_steps": self.options.limit_steps,
+            "learning_rate": {
+                "base": self.schedule.base,
+                "peak": self.schedule.peak,
+                "scaling": self.recipe.schedule.lr_scaling,
+            },
+            "callbacks": self.dist.broadcast(self.callback_states()),
+        }
+
     def save_snapshot(self, position: Position) -> None:
-        """Rank 0 saves a checkpoint of `position`; every rank's observers and callbacks are
-        told where."""
-        path = self.snapshots.save(position, self.plan, self.schedule, self.callback_states())
+        """Saves a checkpoint of `position` (rank 0 writes); every rank's observers and
+        callbacks are told where. A failed write stops every rank with its message."""
+        path = self.dist.checkpoints.save(self.output_dir, self.saved_values(position),
+                                          recipe=self.recipe,
+                                          keep=self.options.keep_checkpoints)  # fmt: skip
         self.saved = position
         self.notify("on_checkpoint", path)
 
     def save_if_best(self, position: Position, figure: float) -> None:
-        """Rank 0 saves a checkpoint of `position` into the best ones if `figure` (of the
-        recipe's watched metric) ranks among them; if it did, every rank is told where."""
-        path = self.snapshots.save_if_best(position, self.plan, self.schedule, figure,
-                                           self.callback_states())  # fmt: skip
+        """Saves a checkpoint of `position` into the run's best/ if `figure` (of the recipe's
+        watched metric) ranks among the best kept there; if it did, every rank is told where."""
+        if not math.isfinite(figure):
+            return
+        kept = self.recipe.checkpoints
+        best = Best(kept.monitor, figure, kept.mode, kept.keep_best)
+        path = self.dist.checkpoints.save(self.output_dir, self.saved_values(position),
+                                          recipe=self.recipe, best=best)  # fmt: skip
         if path is not None:
             self.notify("on_checkpoint", path)
 
-    def resume(self, checkpoint: Checkpoint | None) -> Position:
-        """Every rank: rank 0 resumes from `checkpoint` (None on the others, which receive the
-        weights by broadcast), and every rank's observers and callbacks take back the state
-        they kept in it. Where training goes on."""
-        position, states = self.dist.on_rank_zero(lambda: self.load_snapshot(checkpoint))
+    def resume(self, found: Found, broadcast: bool = True) -> Position:
+        """Every rank: the model and optimizer take `found`'s state (rank 0 loads it; every
+        rank's where `broadcast`, else the elastic state's sync hands it out), and the
+        observers and callbacks take back the state they kept in it; records after it are
+        dropped, to be made anew, and from one of the best checkpoints, the run's later
+        checkpoints are set aside first. Where training goes on."""
+        dist, state = self.dist, found.state
+        position = self.plan.position_at(state["epoch"], state["samples_in_epoch"])
+        check_layout(found, dist.framework, self.run.layout.name)
+        check_continues(found, dist.framework, position, self.recipe.schedule.epochs,
+                        self.output_dir)  # fmt: skip
+        dist.checkpoints.load(found, remedy=RESUME_REMEDY, broadcast=broadcast)
+        dist.print(f"hvd-train: resuming from {found.path}")
+        aside = dist.checkpoints.set_aside_after(found)
+        if aside is not None:
+            dist.print(f"hvd-train: the checkpoints after it are set aside in {aside}")
+        dist.on_rank_zero(lambda: self.records.keep_until(self.examples(position)))
+        states = found.values.get("callbacks", {})
         for key, callback in self.keyed_callbacks():
             if key in states:
                 callback.load_state_dict(states[key])
         return position
-
-    def load_snapshot(self, checkpoint: Checkpoint | None) -> tuple[Position, dict[str, Any]]:
-        """Rank 0 resumes from `checkpoint`; records after it are dropped, to be made anew.
-        From one of the best checkpoints, the run's later checkpoints are set aside first.
-        Where it stands, and what the observers and callbacks kept."""
-        assert checkpoint is not None, "rank 0 read it"
-        position = self.snapshots.load(checkpoint, self.plan)
-        if checkpoint.path.parent.name == BEST:
-            aside = set_aside_later(self.output_dir, checkpoint.path.name)
-            if aside is not None:
-                print(f"hvd-train: the checkpoints after it are set aside in {aside}", flush=True)
-        self.records.keep_until(self.examples(position))
-        return position, checkpoint.state.get("callbacks", {})
 
     def commit(self, position: Position) -> None:
         """Records `position` with the model in the elastic state: a failure rolls back to here."""
@@ -345,7 +372,7 @@ class Trainer:
     def fit_elastic(self, begin: Callable[[], Position]) -> dict[str, Any]:
         """`fit` under Horovod's elastic driver. The job's first pass through the loop calls
         `begin` (on every rank together) for where to start; after a resize the job goes on
-        from the last commit, with shards, step counts and learning rate recomputed for the new
+        from the last commit, with slices, step counts and learning rate recomputed for the new
         world size."""
 
         def loop(state: ElasticState) -> dict[str, Any]:
@@ -363,13 +390,15 @@ class Trainer:
             self.dist.on_rank_zero(lambda: self.reopen_output(position))
             return self.fit(position)
 
-        return self.dist.run_elastic(loop)
+        return self.dist.exchange.run_elastic(loop)
 
     def reopen_output(self, position: Position) -> None:
+        """A new rank 0 (perhaps on another host) takes over the run's folder and records,
+        without those after `position`."""
         try:
-            self.snapshots.directory.mkdir(parents=True, exist_ok=True)
+            (self.output_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise UsageError(write_error(self.snapshots.directory, error)) from None
+            raise UsageError(write_error(self.output_dir / "checkpoints", error)) from None
         self.records.keep_until(self.examples(position))
 
     def summary(self, seconds: float, stopped: bool) -> dict[str, Any]:

@@ -12,11 +12,11 @@ import pytest
 from safetensors.numpy import load_file
 from safetensors.torch import load_file as load_torch_file
 
-from hvd_train.data import load_data, take
-from hvd_train.distributed.frameworks import EXPORT_FORMATS
-from hvd_train.recipe import load_recipe
+from hvd_train.data import take
+from hvd_train.frameworks import EXPORT_FORMATS
+from hvd_train.recipe import load_data, load_recipe
 from tests.conftest import REPO
-from tests.multiprocess.test_recipes import load_example
+from tests.recipes.test_recipes import load_example
 from tests.reference import reference_logits
 
 # slow: each trains a run and loads its export in a fresh process (make test-quick leaves it out)

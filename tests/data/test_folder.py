@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hvd_train.data import load_data, take
+from hvd_train.data import take
 from hvd_train.data.mnist import mnist_arrays
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Data, Recipe
+from hvd_train.recipe import Data, Recipe, load_data
 from tests.conftest import REPO
 
 LIMIT = 100  # images of each split: every digit is among them

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hvd_train.data import load_data, take
+from hvd_train.data import take
 from hvd_train.data.mnist import mnist_arrays
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Recipe
+from hvd_train.recipe import Recipe, load_data
 from hvd_train.training.evaluation import check_input_names
 from tests.helpers import assert_same_weights, hvd_train, saved_weights
 
@@ -99,7 +99,8 @@ def test_a_dataset_on_disk_is_not_copied_into_memory(tmp_path):
     part.save_to_disk(tmp_path / "big")
     script = f"""
         import datasets, numpy as np, psutil
-        from hvd_train.data import load_data, take
+        from hvd_train.data import take
+        from hvd_train.recipe import load_data
         from hvd_train.recipe import Recipe
         part = datasets.load_from_disk({str(tmp_path / "big")!r})
         before = psutil.Process().memory_info().rss

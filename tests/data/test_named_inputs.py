@@ -5,10 +5,10 @@ example's inputs by name."""
 import numpy as np
 import pytest
 
-from hvd_train.data import ArrayDataset, load_data, take
+from hvd_train.data import ArrayDataset, take
 from hvd_train.data.transforms import apply
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Recipe
+from hvd_train.recipe import Recipe, load_data
 
 TEXTS = [np.arange(1, n + 1, dtype=np.int32) for n in (3, 1, 5, 0, 2)]
 

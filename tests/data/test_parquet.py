@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hvd_train.data import load_data, take
+from hvd_train.data import take
 from hvd_train.data.mnist import mnist_arrays
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Data, Recipe
+from hvd_train.recipe import Data, Recipe, load_data
 from tests.conftest import REPO
 
 LIMIT = 100  # images of each split: every digit is among them

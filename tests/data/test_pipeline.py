@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from hvd_train.data import ArrayDataset
+from hvd_train.data.order import epoch_order, rank_steps
 from hvd_train.data.pipeline import read_ahead, workers_for
-from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.errors import DataStalled
 
 
@@ -40,7 +40,7 @@ class SlowSource:
 
 
 def steps_of(size: int, passes: int = 1) -> list:
-    return shard_steps(epoch_order(size, 42, 0), 1, 2, 8, passes)
+    return rank_steps(epoch_order(size, 42, 0), 1, 2, 8, passes)
 
 
 @pytest.mark.parametrize("workers", [0, 1, 3])

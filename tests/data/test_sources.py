@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from hvd_train.data import load_data, take
+from hvd_train.data import take
 from hvd_train.data.synthetic import load_synthetic
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Data, Recipe
+from hvd_train.recipe import Data, Recipe, load_data
 
 
 def test_synthetic_data_is_the_same_for_any_batching_and_learnable():

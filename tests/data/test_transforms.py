@@ -5,12 +5,12 @@ deterministic ones only; every mistake in the list is one line naming the entry.
 import numpy as np
 import pytest
 
-from hvd_train.data import load_data, take
+from hvd_train.data import take
+from hvd_train.data.order import epoch_order, rank_steps
 from hvd_train.data.pipeline import augmentation, read_ahead
-from hvd_train.data.sharding import epoch_order, shard_steps
 from hvd_train.data.transforms import apply, parse_transforms
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Data, Recipe
+from hvd_train.recipe import Data, Recipe, load_data
 
 CROP_FLIP_NORMALIZE = [
     {"type": "random_crop", "padding": 2},
@@ -58,7 +58,7 @@ def test_workers_augment_exactly_what_the_step_would():
     x = images(64)
     dataset = type("Arrays", (), {"__len__": lambda self: 64,
                                    "__getitem__": lambda self, i: (x[i], i % 3)})()  # fmt: skip
-    steps = shard_steps(epoch_order(64, 0, 0), 0, 2, 4, 1)
+    steps = rank_steps(epoch_order(64, 0, 0), 0, 2, 4, 1)
     augment = augmentation(parse_transforms(CROP_FLIP_NORMALIZE), seed=5, epoch=0)
     alone = list(read_ahead(dataset, steps, 0, 2, augment))
     ahead = list(read_ahead(dataset, steps, 3, 2, augment))

@@ -6,10 +6,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hvd_train.data import ArrayDataset, Splits, load_data, take, with_validation
+from hvd_train.data import ArrayDataset, Splits, take
 from hvd_train.data.base import Subset
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Checkpoints, Data, Loading, Recipe
+from hvd_train.recipe import Checkpoints, Data, Loading, Recipe, load_data, with_validation
 
 
 def splits(train: object) -> Splits:

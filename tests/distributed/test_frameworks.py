@@ -1,7 +1,9 @@
-"""The framework registry (`hvd_train/distributed/frameworks.py`): nothing outside a
-framework's backend and builder and the registry names a framework or imports it, and each
-registered backend and builder is what its entry says (checked in a process of its own, as one
-process loads one Horovod binding)."""
+"""The framework registry (`hvd_train/frameworks.py`): nothing outside a framework's backend
+and builder, the registry and the two lists that import them (`distributed/backends.py`,
+`builders/__init__.py`) names a framework or imports it (Keras's model state, which both
+backends read, is Keras's own module), and each registered framework's backend and builder are
+what its entry says (checked in a process of its own, as one process loads one Horovod
+binding)."""
 
 import ast
 import re
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_train.distributed.frameworks import FRAMEWORKS
+from hvd_train.frameworks import FRAMEWORKS
 from tests.conftest import FRAMEWORKS as PARAMETERS
 from tests.conftest import REPO
 
@@ -22,16 +24,20 @@ NAMES = {name.lower() for f in FRAMEWORKS.values()
          for name in (f.name, f.module, f.display, *f.models)}  # fmt: skip
 
 
-def module_file(module: str) -> Path:
-    return REPO / (module.replace(".", "/") + ".py")
-
-
 def own_files() -> set[Path]:
-    """The registry, and each framework's backend package and builder."""
-    files = {PACKAGE / "distributed" / "frameworks.py"}
+    """The registry and its two lists, Keras's model state, and each framework's backend
+    package and builder."""
+    files = {
+        PACKAGE / "frameworks.py",
+        PACKAGE / "distributed" / "backends.py",
+        PACKAGE / "builders" / "__init__.py",
+        PACKAGE / "distributed" / "keras_state.py",
+    }
     for framework in FRAMEWORKS.values():
-        package = REPO / framework.backend.split(":")[0].replace(".", "/")
-        files |= {*package.rglob("*.py"), module_file(framework.builder)}
+        package = PACKAGE / "distributed" / framework.name
+        builder = {"torch": "torch_layers", "keras": "keras_models"}[framework.models[0]]
+        builder = PACKAGE / "builders" / f"{builder}.py"
+        files |= {*package.rglob("*.py"), builder}
     return files
 
 
@@ -94,16 +100,16 @@ def test_the_scan_finds_a_framework_named_elsewhere(tmp_path):
 @pytest.mark.parametrize("framework", PARAMETERS)
 def test_each_entry_names_its_backend_and_builder(framework):
     entry = FRAMEWORKS[framework]
-    module, name = entry.backend.split(":")
+    package = f"hvd_train.distributed.{framework}"
     probe = (
-        "import importlib\n"
-        "from hvd_train.distributed.frameworks import create_backend\n"
+        "from hvd_train.builders import framework_builder\n"
+        "from hvd_train.distributed.backends import create_backend\n"
         f"backend = create_backend({framework!r})\n"
-        f"assert type(backend).__module__ == {module!r} and type(backend).__name__ == {name!r}\n"
+        f"assert type(backend).__module__ == {package + '.backend'!r}\n"
         f"assert backend.name == {framework!r} and backend.hvd.__name__ == {entry.binding!r}\n"
         "from hvd_train.recipe.settings import LOSSES\n"
         "assert set(backend.losses) == set(LOSSES)  # every loss a recipe may name\n"
-        f"builder = importlib.import_module({entry.builder!r})\n"
+        f"builder = framework_builder({framework!r})\n"
         "assert all(callable(getattr(builder, f))\n"
         "           for f in ('build_neutral', 'seed', 'own_model'))\n"
     )

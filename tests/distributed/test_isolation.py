@@ -54,7 +54,7 @@ def test_a_training_process_loads_only_its_own_binding(framework, mnist_dir, tmp
 def test_a_backend_refuses_to_load_beside_the_other_binding(framework):
     other = "tensorflow" if framework == "torch" else "torch"
     code = (
-        f"import {BINDINGS[other]}\nfrom hvd_train.distributed.layer import Distributed\n"
+        f"import {BINDINGS[other]}\nfrom hvd_train.distributed import Distributed\n"
         f"Distributed({framework!r})"
     )
     result = python(code)

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from hvd_train.data import load_data, take
-from hvd_train.recipe import load_recipe
+from hvd_train.data import take
+from hvd_train.recipe import load_data, load_recipe
 from hvd_train.recipe.layers import neutral_weight_shapes, trainable_parameter_count
 from tests.conftest import FRAMEWORKS
+from tests.horovodrun import script
 from tests.reference import reference_logits
 
 # Each test starts a backend in a process of its own: make test runs them, test-quick not.
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).resolve().parent
 # mnist_cnn's layout, written out: the neutral layout is a contract, not whatever the code says.
 MNIST_CNN_SHAPES = {
     "layer0.kernel": (5, 5, 1, 32),
@@ -32,7 +32,7 @@ MNIST_CNN_SHAPES = {
     "layer10.kernel": (128, 10),
     "layer10.bias": (10,),
 }
-RECIPES = ["mnist_cnn", "mnist_bn", str(HERE / "zoo.toml"), str(HERE / "zoo_valid.toml")]
+RECIPES = ["mnist_cnn", "mnist_bn", script("zoo.toml"), script("zoo_valid.toml")]
 
 
 @pytest.fixture(scope="module", params=RECIPES, ids=lambda r: Path(r).stem)
@@ -64,7 +64,7 @@ def run_probe(recipe, mnist_dir, tmp_path_factory) -> Callable[[str], tuple[dict
     @functools.cache
     def run(framework: str) -> tuple[dict, dict]:
         out = directory / f"{framework}.npz"
-        command = [sys.executable, str(HERE / "probe.py"), framework, reference, str(mnist_dir),
+        command = [sys.executable, script("probe.py"), framework, reference, str(mnist_dir),
                    str(directory / "weights.safetensors"), str(out)]  # fmt: skip
         subprocess.run(command, check=True, timeout=300, capture_output=True)
         with np.load(out) as archive:

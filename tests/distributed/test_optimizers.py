@@ -37,7 +37,8 @@ layers = [
 EXCLUSION = """
 import json, sys
 import numpy as np
-from hvd_train.data import load_data, take
+from hvd_train.data import take
+from hvd_train.recipe import load_data
 from hvd_train.recipe import load_recipe
 from hvd_train.training.run import open_run
 
@@ -50,11 +51,12 @@ for name in ("sgd", "adamw"):
         exclude = ["BIAS", "norm"] if decay else []  # (nothing reads it without a decay)
         dist = open_run(sys.argv[1], recipe.with_overrides({
             "name": name, "weight_decay": decay, "weight_decay_exclude": exclude}), 0).dist
-        start_weights = start_weights or {k: v.copy() for k, v in dist.state().weights.items()}
-        dist.load_state(weights=start_weights)
-        before = {k: v for k, v in dist.trained_state().items() if k.startswith("weight.")}
-        dist.train_step([batch], 0.1, 0, np.zeros(2))
-        weights.append((before, dist.trained_state()))
+        held = dist.exchange.state().weights
+        start_weights = start_weights or {k: v.copy() for k, v in held.items()}
+        dist.exchange.load_state(weights=start_weights)
+        before = {k: v for k, v in dist.exchange.trained_state().items() if k.startswith("weight.")}
+        dist.exchange.step([batch], 0.1, 0, np.zeros(2))
+        weights.append((before, dist.exchange.trained_state()))
     (before, decayed), (_, plain) = weights
     kinds = []
     for key, start_value in before.items():
@@ -167,7 +169,8 @@ OWN = """
 import copy, json, sys
 import numpy as np
 from hvd_train import Data, Recipe
-from hvd_train.data import load_data, take
+from hvd_train.data import take
+from hvd_train.recipe import load_data
 from hvd_train.errors import UsageError
 from hvd_train.training.run import open_run
 
@@ -212,40 +215,40 @@ else:
 dist = open_run(framework, recipe, 0).dist
 x, y = batch = take(load_data(recipe, None).train, np.arange(32))
 if framework == "torch":
-    reference = copy.deepcopy(dist.backend.net.module)
+    reference = copy.deepcopy(dist.environment.backend.net.module)
     plain = torch.optim.SGD(groups(reference, 0.05), lr=0.5, momentum=0.9)
     loss = F.cross_entropy(reference(torch.from_numpy(x).permute(0, 3, 1, 2)), torch.from_numpy(y))
     loss.backward()
     plain.step()
     expected = [p.detach().numpy() for p in reference.parameters()]
-    dist.train_step([batch], 0.5, 0, np.zeros(2))
-    rates = [group["lr"] for group in dist.optimizer.param_groups]
-    trained = [p.detach().numpy() for p in dist.backend.net.module.parameters()]
+    dist.exchange.step([batch], 0.5, 0, np.zeros(2))
+    rates = [group["lr"] for group in dist.exchange.optimizer.param_groups]
+    trained = [p.detach().numpy() for p in dist.environment.backend.net.module.parameters()]
 else:
-    reference = keras.models.clone_model(dist.model)
-    reference.set_weights(dist.model.get_weights())
+    reference = keras.models.clone_model(dist.exchange.model)
+    reference.set_weights(dist.exchange.model.get_weights())
     plain = keras.optimizers.SGD(0.5, momentum=0.9)
     with tf.GradientTape() as tape:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, reference(x))
     plain.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables),
                               reference.trainable_variables))
     expected = reference.get_weights()
-    dist.train_step([batch], 0.5, 0, np.zeros(2))
-    rates = [float(dist.optimizer.learning_rate.numpy())]
-    trained = dist.model.get_weights()
+    dist.exchange.step([batch], 0.5, 0, np.zeros(2))
+    rates = [float(dist.exchange.optimizer.learning_rate.numpy())]
+    trained = dist.exchange.model.get_weights()
 differences = [float(np.abs(a - b).max()) for a, b in zip(trained, expected, strict=True)]
 learning_rate = dist.learning_rate
-state = dist.state().optimizer  # its momentum, into a new run's optimizer and back
+state = dist.exchange.state().optimizer  # its momentum, into a new run's optimizer and back
 dist = open_run(framework, recipe, 0).dist
-dist.load_state(optimizer=state)
-restored = dist.state().optimizer
+dist.exchange.load_state(optimizer=state)
+restored = dist.exchange.state().optimizer
 same = sorted(restored) == sorted(state) and all(np.array_equal(state[k], restored[k])
                                                  for k in state)
 dist = open_run(framework, recipe.with_overrides({"precision": "fp16-mixed"}), 0).dist
-before = dist.state().weights
-dist.train_step([batch], 0.5, 0, np.zeros(2))
-moved = all(np.isfinite(v).all() for v in dist.state().weights.values()) and any(
-    not np.array_equal(v, before[k]) for k, v in dist.state().weights.items())
+before = dist.exchange.state().weights
+dist.exchange.step([batch], 0.5, 0, np.zeros(2))
+moved = all(np.isfinite(v).all() for v in dist.exchange.state().weights.values()) and any(
+    not np.array_equal(v, before[k]) for k, v in dist.exchange.state().weights.items())
 errors = []
 for made in (1, 2):
     def function(*arguments, made=made):

@@ -6,7 +6,7 @@ import pytest
 
 from hvd_train.distributed.overlap import TRIAL_STEPS, OverlapChoice, buckets
 from hvd_train.errors import UsageError
-from hvd_train.recipe import Horovod
+from hvd_train.recipe import ExchangeSettings
 
 MB = 2**20
 
@@ -47,7 +47,7 @@ def test_the_setting_overrides_the_measurement():
 @pytest.mark.parametrize("value", ["yes", 1, 0, None])
 def test_overlap_accepts_true_false_or_auto_only(value):
     with pytest.raises(UsageError, match=r"horovod.overlap: unknown value .*true, false"):
-        Horovod(overlap=value)
+        ExchangeSettings(overlap=value)
 
 
 def test_every_rank_decides_on_the_times_averaged_over_the_ranks():

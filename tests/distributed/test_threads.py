@@ -45,7 +45,7 @@ def test_a_quota_caps_the_cores_and_leaves_at_least_one(tmp_path):
 def test_horovod_cycles_every_3_ms_unless_the_environment_says(framework, given, expected):
     # In its own process: pytest never loads a Horovod binding. hvd.init reads the variable,
     # so the backend sets it before; the probe prints what it was then.
-    probe = ("import os; from hvd_train.distributed.layer import Distributed; "
+    probe = ("import os; from hvd_train.distributed import Distributed; "
              f"Distributed({framework!r}); "
              "print(os.environ['HOROVOD_CYCLE_TIME'])")  # fmt: skip
     assert probe_output(probe, "HOROVOD_CYCLE_TIME", given) == expected
@@ -62,7 +62,7 @@ def test_horovod_cycles_every_3_ms_unless_the_environment_says(framework, given,
 def test_tensorflow_runs_onednn_kernels_unless_the_environment_says(first, given, expected):
     # TensorFlow reads the variable once, as it loads, so hvd_train sets it before: before the
     # backend imports TensorFlow, and before a Python recipe importing Keras loads.
-    probe = ("from hvd_train.distributed.frameworks import create_backend; "
+    probe = ("from hvd_train.distributed.backends import create_backend; "
              "from hvd_train.api import resolve_recipe; "
              f"KERAS_RECIPE = {str(KERAS_RECIPE)!r}; "
              f"{first}; "
@@ -115,7 +115,7 @@ def test_freed_memory_is_kept_for_the_next_step_unless_the_environment_sets_mall
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_every_rank_keeps_freed_memory(framework):
-    first = f"from hvd_train.distributed.layer import Distributed; Distributed({framework!r})"
+    first = f"from hvd_train.distributed import Distributed; Distributed({framework!r})"
     assert int(probe_output(first + "\n" + STEPS, "GLIBC_TUNABLES", None)) < PAGES // 100
 
 
@@ -153,7 +153,7 @@ def test_tensorflow_takes_a_spare_inter_op_thread_only_where_the_exchange_may_ov
              f"recipe = resolve_recipe({recipe!r}, 'tensorflow').with_overrides({overrides!r}); "
              "dist = open_run('tensorflow', recipe, seed=0).dist; "
              "print(f'{tf.config.threading.get_inter_op_parallelism_threads()},"
-             "{len(dist.backend.exchange.buckets)}')")  # fmt: skip
+             "{len(dist.environment.backend.exchange.buckets)}')")  # fmt: skip
     threads, buckets = map(int, probe_output(probe, "HVD_TRAIN_THREADS", "1").split(","))
     assert threads == 1 + spare
     # Decided before the model is built, as the backend then cuts its gradients (overlap

@@ -3,16 +3,17 @@ checks, and prints OK)."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from tests.horovodrun import script
 
 pytestmark = pytest.mark.torch
 
 
 def run_script(name: str) -> None:
-    script = Path(__file__).with_name(name)
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    path = script(name)
+    result = subprocess.run([sys.executable, path], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "OK", result.stderr[-3000:]
 
 

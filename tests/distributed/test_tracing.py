@@ -17,7 +17,8 @@ PROBE = """
 import sys
 from pathlib import Path
 import numpy as np
-from hvd_train.data import load_data, take
+from hvd_train.data import take
+from hvd_train.recipe import load_data
 from hvd_train.recipe import load_recipe
 from hvd_train.training.run import open_run
 
@@ -26,13 +27,15 @@ data = load_data(recipe, Path(sys.argv[1]))
 dist = open_run("tensorflow", recipe, seed=0).dist
 for step, size in enumerate(map(int, sys.argv[3].split(","))):
     batches = [take(data.train, np.arange(size) + 100 * i + 10 * step) for i in range(2)]
-    dist.train_step(batches, 0.001, step, np.zeros(2))
-    dist.local_step(batches, step)
-    dist.eval_batch(*take(data.test, np.arange(size)))
+    dist.exchange.step(batches, 0.001, step, np.zeros(2))
+    with dist.no_sync():
+        dist.exchange.step(batches, 0.001, step, np.zeros(2))
+    dist.exchange.eval_batch(*take(data.test, np.arange(size)))
     if isinstance(batches[0][0], dict):
         print("lengths", batches[0][0]["tokens"].shape[1])
-graphs = {"accumulate": dist.backend._compiled_accumulate, "local": dist.backend._compiled_local,
-          "apply": dist.backend._compiled_apply[False], "logits": dist.backend._compiled_logits}
+backend = dist.environment.backend
+graphs = {"accumulate": backend._compiled_accumulate, "local": backend._compiled_local,
+          "apply": backend._compiled_apply[False], "logits": backend._compiled_logits}
 for name, compiled in graphs.items():
     print(name, compiled.graph.experimental_get_tracing_count())
 """

@@ -12,12 +12,12 @@ pytestmark = pytest.mark.tensorflow
 CODE = """
 import keras
 import tensorflow as tf
-from hvd_train.distributed.tensorflow.exchange import Exchange, distribute
+from hvd_train.distributed.tensorflow.exchange import GroupedExchange, distribute
 
 variables = [keras.Variable(tf.ones([3])), keras.Variable(tf.ones([4]))]
 optimizer = keras.optimizers.Adam(0.1)
 optimizer.build(variables)
-distribute(optimizer, Exchange(variables, "none", 1, True, 0.0, 1))
+distribute(optimizer, GroupedExchange(variables, "none", 1, True, 0.0, 1))
 
 def step(first, second):
     optimizer.apply_own([first, second], variables)

@@ -5,15 +5,14 @@ every dtype, reduction and way of enqueueing, and the exact answer wherever ther
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.multiprocess.conftest import horovodrun
+from tests.horovodrun import horovodrun, script
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
-SCRIPT = str(Path(__file__).with_name("allreduce_bits.py"))
+SCRIPT = script("horovod/allreduce_bits.py")
 # The float16 sums found to differ between the ranks of the two-rank exchange.
 REVIEWED = {
     "float16 wide sum single",  # 200,000 values with a standard deviation of 1e4
@@ -69,7 +68,7 @@ def test_ranks_get_the_same_bits_and_the_exact_answer(framework, ranks, controll
 
 @pytest.mark.torch
 def test_the_two_rank_exchange_keeps_no_buffer_the_size_of_a_large_allreduce():
-    result = horovodrun(str(Path(__file__).with_name("pair_memory.py")))
+    result = horovodrun(script("horovod/pair_memory.py"))
     memory = json.loads(result.stdout.split("MEMORY ", 1)[1].splitlines()[0])
     assert memory["correct"]
     # 256 MiB went through; the exchange may keep two chunks of 4 MiB of the peer's values.
@@ -82,8 +81,8 @@ def test_slices_of_one_buffer_are_reduced_where_they_lie_without_a_copy(controll
     if controller == "--mpi" and shutil.which("mpirun") is None:
         pytest.skip("Open MPI is not installed here (make setup installs it where it can)")
     timeline = tmp_path / "timeline.json"
-    script = str(Path(__file__).with_name("in_place_timeline.py"))
-    result = horovodrun(script, horovodrun_options=[controller, "--timeline-filename",
+    timed = script("horovod/in_place_timeline.py")
+    result = horovodrun(timed, horovodrun_options=[controller, "--timeline-filename",
                                                     str(timeline)])  # fmt: skip
     assert result.stdout.count("OK") == 2, result.stdout + result.stderr
     text = timeline.read_text().rstrip().rstrip(",")

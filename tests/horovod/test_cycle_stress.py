@@ -3,15 +3,14 @@ with a hard timeout; cycle_stress.py checks every result against the one-process
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
-from tests.multiprocess.conftest import horovodrun
+from tests.horovodrun import horovodrun, script
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(300)]
 
-SCRIPT = str(Path(__file__).with_name("cycle_stress.py"))
+SCRIPT = script("horovod/cycle_stress.py")
 GLOO_TIMEOUT = ["--gloo", "--gloo-timeout-seconds", "2"]  # the late rank sleeps 4 s
 
 

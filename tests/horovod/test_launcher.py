@@ -10,15 +10,14 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.multiprocess.conftest import HOROVODRUN
+from tests.horovodrun import HOROVODRUN, script
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(300)]
 
-SCRIPT = str(Path(__file__).with_name("failing_jobs.py"))
+SCRIPT = script("horovod/failing_jobs.py")
 
 
 def caller(case: str, **environment: str) -> dict[str, str]:

@@ -7,15 +7,14 @@ np=3 the ranks outside the largest power of two take the algorithm's other sends
 check those."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.multiprocess.conftest import horovodrun
+from tests.horovodrun import horovodrun, script
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.torch, pytest.mark.timeout(300)]
 
-SCRIPT = str(Path(__file__).with_name("reducescatter_sums.py"))
+SCRIPT = script("horovod/reducescatter_sums.py")
 
 
 @pytest.mark.parametrize(("ranks", "per_rank", "rounds"), [(2, 2_400_000, 500), (3, 800_000, 20)])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multiprocess.conftest import HOROVODRUN
+from tests.horovodrun import HOROVODRUN
 
 UPSTREAM = Path(os.environ.get("HOROVOD_TESTS", "")).expanduser()
 MUON = (

@@ -5,13 +5,13 @@ import torch
 
 from hvd_train.errors import UsageError
 from hvd_train.recipe import Schedule
-from hvd_train.recipe.learning_rate import LearningRateSchedule, scaled_learning_rate
+from hvd_train.recipe.learning_rate import LearningRateSchedule, scaling_factor
 
 
 def test_scaling_rules():
-    assert scaled_learning_rate(0.001, 4, "linear") == pytest.approx(0.004)
-    assert scaled_learning_rate(0.001, 4, "sqrt") == pytest.approx(0.002)
-    assert scaled_learning_rate(0.001, 4, "none") == pytest.approx(0.001)
+    assert 0.001 * scaling_factor(4, "linear") == pytest.approx(0.004)
+    assert 0.001 * scaling_factor(4, "sqrt") == pytest.approx(0.002)
+    assert 0.001 * scaling_factor(4, "none") == pytest.approx(0.001)
 
 
 def schedule(decay: str, warmup: float = 1.0) -> LearningRateSchedule:

@@ -1,7 +1,7 @@
 """The loop at world size 1 (one process, no horovodrun), through a recipe's callback: the
 events' order and state against what the run recorded, stops asked for at a step and at an
 evaluation, a callback that raises, the validation split, evaluations every N steps and early
-stopping. (Two ranks: tests/multiprocess/test_stops.py.)"""
+stopping. (Two ranks: tests/training/test_stops.py.)"""
 
 import dataclasses
 import json
@@ -11,11 +11,12 @@ from types import MappingProxyType
 import pytest
 
 from hvd_train import Callback, State
-from hvd_train.checkpoint import checkpoint_name
-from tests.conftest import FRAMEWORKS, REPO
+from hvd_train.distributed.checkpoint_files import checkpoint_name
+from tests.conftest import FRAMEWORKS
 from tests.helpers import evaluation, hvd_train
+from tests.horovodrun import script
 
-RECIPE = str(REPO / "tests" / "events_recipe.py")
+RECIPE = script("events_recipe.py")
 STEPS = 12  # per epoch: 384 examples in batches of 32
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvd_train.checkpoint import Checkpoint, check_weights_fit, checkpoint_name
+from hvd_train.distributed import Found, saved_framework
+from hvd_train.distributed.checkpoint_files import Checkpoint, check_weights_fit, checkpoint_name
 from hvd_train.errors import UsageError
 from hvd_train.recipe import load_recipe
 from hvd_train.recipe.toml import recipe_toml
@@ -17,7 +18,6 @@ from hvd_train.training.resume import (
     check_layout,
     check_same_run,
     resumed_option,
-    saved_framework,
     saved_recipe,
 )
 
@@ -25,8 +25,17 @@ WEIGHTS = {"layer0.kernel": np.zeros((3, 3, 1, 8), np.float32), "layer0.bias": n
 
 
 def checkpoint(layout="neutral", framework="torch", weights=WEIGHTS) -> Checkpoint:
-    state = {"layout": layout, "framework": framework, "recipe": "mine", "path": "ckpt"}
+    state = {"layout": layout, "framework": framework, "recipe": "mine"}
     return Checkpoint(Path("run/checkpoints/epoch-1"), weights, {}, state, "")
+
+
+def found(state: dict, path: str = "ckpt", recipe_text: str = "") -> Found:
+    """A checkpoint as `find` hands it to every rank: its path, state and recipe."""
+    return Found(Path(path), state, recipe_text, None)
+
+
+def read(held: Checkpoint) -> Found:
+    return Found(held.path, held.state, held.recipe_text, held)
 
 
 def test_the_framework_to_resume_with_is_the_newest_checkpoints(tmp_path):
@@ -49,7 +58,7 @@ def test_only_more_epochs_and_how_batches_are_read_may_differ_from_the_checkpoin
 
 
 def test_a_resumed_option_is_the_runs_own_unless_contradicted():
-    state = {"seed": 7, "limit_steps": None, "path": "ckpt"}
+    state = found({"framework": "torch", "loop": {"seed": 7, "limit_steps": None}})
     assert resumed_option(state, "--seed", None) == 7
     assert resumed_option(state, "--seed", 7) == 7
     assert resumed_option(state, "--limit-steps", None) is None
@@ -57,6 +66,8 @@ def test_a_resumed_option_is_the_runs_own_unless_contradicted():
         resumed_option(state, "--seed", 8)
     with pytest.raises(UsageError, match="--limit-steps 5 differs from the run's none"):
         resumed_option(state, "--limit-steps", 5)
+    # hvd_train 0.2.0's trainer kept them among state.json's own keys
+    assert resumed_option(found({"seed": 7, "limit_steps": 3}), "--limit-steps", None) == 3
 
 
 def test_weights_must_fit_name_for_name_and_shape_for_shape():
@@ -70,20 +81,20 @@ def test_weights_must_fit_name_for_name_and_shape_for_shape():
 
 
 def test_only_the_neutral_layout_moves_between_frameworks():
-    check_layout(checkpoint("neutral", "tensorflow"), "torch", "neutral")
-    check_layout(checkpoint("keras", "tensorflow"), "torch", "keras")  # a Keras model's own
+    check_layout(read(checkpoint("neutral", "tensorflow")), "torch", "neutral")
+    check_layout(read(checkpoint("keras", "tensorflow")), "torch", "keras")  # a Keras model's
     with pytest.raises(UsageError, match="use --framework torch"):
-        check_layout(checkpoint("torch", "torch"), "tensorflow", "torch")
+        check_layout(read(checkpoint("torch", "torch")), "tensorflow", "torch")
     with pytest.raises(UsageError, match="holds neutral weights .* keeps torch weights"):
-        check_layout(checkpoint("neutral"), "torch", "torch")
+        check_layout(read(checkpoint("neutral")), "torch", "torch")
 
 
 def test_a_run_resumes_in_its_framework_and_only_to_train_on():
-    check_continues(checkpoint(), "torch", Position(1, 0), epochs=2, output_dir=Path("run"))
+    check_continues(read(checkpoint()), "torch", Position(1, 0), epochs=2, output_dir=Path("run"))
     with pytest.raises(UsageError, match="written by torch; resume it with --framework torch"):
-        check_continues(checkpoint(), "tensorflow", Position(1, 0), 2, Path("run"))
+        check_continues(read(checkpoint()), "tensorflow", Position(1, 0), 2, Path("run"))
     with pytest.raises(UsageError, match="already finished 2 epochs; raise --epochs"):
-        check_continues(checkpoint(), "torch", Position(2, 0), 2, Path("run"))
+        check_continues(read(checkpoint()), "torch", Position(2, 0), 2, Path("run"))
 
 
 def test_a_python_recipes_own_decay_resumes_from_its_code(tmp_path):
@@ -97,8 +108,8 @@ def test_a_python_recipes_own_decay_resumes_from_its_code(tmp_path):
     )
     recipe = load_recipe(str(source))
     assert recipe.settings_table()["schedule"]["decay"] == "python function halve"
-    state = {"path": str(tmp_path), "layout": "torch", "recipe_source": str(source)}
-    saved = saved_recipe(state, recipe_toml(recipe))
+    state = {"layout": "torch", "recipe_source": str(source)}
+    saved = saved_recipe(found(state, str(tmp_path), recipe_toml(recipe)))
     assert saved.schedule.decay.__name__ == "halve" and saved.schedule.epochs == 3
     check_same_run(saved, recipe, "ckpt")
 
@@ -116,9 +127,9 @@ def test_a_neutral_python_recipes_own_optimizer_and_decay_come_back_from_its_cod
         "                optimizer=make, schedule=Schedule(epochs=3, decay=halve))\n"
     )
     recipe = load_recipe(str(source))
-    state = {"path": str(tmp_path), "layout": "neutral", "recipe": "mine",
-             "recipe_source": str(source)}  # fmt: skip
-    saved = saved_recipe(state, recipe_toml(recipe.with_overrides({"gradient_clip_norm": 2.0})))
+    state = {"layout": "neutral", "recipe": "mine", "recipe_source": str(source)}
+    text = recipe_toml(recipe.with_overrides({"gradient_clip_norm": 2.0}))
+    saved = saved_recipe(found(state, str(tmp_path), text))
     assert saved.optimizer.function.__name__ == "make" and saved.optimizer.gradient_clip_norm == 2
     assert saved.schedule.decay.__name__ == "halve" and saved.schedule.epochs == 3
     check_same_run(saved, recipe.with_overrides({"gradient_clip_norm": 2.0}), "ckpt")

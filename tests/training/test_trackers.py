@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from hvd_train.checkpoint import checkpoint_name, resolve_checkpoint
-from tests.conftest import REPO
+from hvd_train.distributed.checkpoint_files import best_checkpoint, checkpoint_name
 from tests.helpers import hvd_train
-from tests.multiprocess.conftest import horovodrun
+from tests.horovodrun import horovodrun, script
 
-RECIPE = str(REPO / "tests" / "events_recipe.py")
+RECIPE = script("events_recipe.py")
 EXPERIMENT = "hvd_train-tests"
 
 
@@ -123,7 +122,8 @@ def test_trackers_named_by_the_recipe_and_the_best_checkpoint_as_the_artifact(
     client = MlflowClient(tracking_uri=mlflow_server)
     artifacts = {a.path for a in client.list_artifacts(tracked.info.run_id)}
     assert "best" in artifacts and "checkpoint" not in artifacts
-    best = resolve_checkpoint(run / "best")
+    best = best_checkpoint(run / "best")
+    assert best is not None
     kept = {a.path for a in client.list_artifacts(tracked.info.run_id, "best")}
     assert kept == {f"best/{best.name}"}
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 from hvd_train.distributed.overlap import buckets
 
 if TYPE_CHECKING:
-    from hvd_train.distributed.tensorflow.sharding import Shards
+    from hvd_train.distributed.tensorflow.sharding import KerasShards
 
 # The dtype each `[horovod] compression` sends gradients as (None: as they are).
 TRAVEL_DTYPES = {"none": None, "fp16": tf.float16, "bf16": tf.bfloat16}
@@ -42,7 +42,7 @@ class Cast:
         return tensor if own is None else tf.cast(tensor, own)
 
 
-class Exchange:
+class GroupedExchange:
     """How the gradients of `variables` travel: cast by `compression`, in `buckets` (the order
     the backward pass makes them) or in one group, and clipped to `clip_norm` after averaging.
     For a loop's own optimizer also: its `passes` backward passes a step, added up locally
@@ -61,7 +61,7 @@ class Exchange:
                        for v in variables if passes > 1]  # fmt: skip
         self.count = tf.Variable(0, trainable=False, dtype=tf.int64)
         # With `[horovod] shard`, this rank's part of the training state (set by the backend).
-        self.shards: Shards | None = None
+        self.shards: KerasShards | None = None
 
     def average(
         self, gradients: list[tf.Tensor], control: tf.Tensor | None, groups: list[list[int]]
@@ -71,7 +71,7 @@ class Exchange:
         dtype, so under compression the control values, which travel at full precision, take
         an allreduce of their own. Alone, nothing travels. Sharded, each bucket is
         reduce-scattered instead, and this rank's pieces of the averages come back
-        (`Shards.cut`'s)."""
+        (`KerasShards.cut`'s)."""
         if self.world_size == 1:
             return gradients, control
         if self.shards is not None:
@@ -98,7 +98,7 @@ class Exchange:
     def clipped(self, gradients: list[tf.Tensor], scale: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
         """The averaged gradients clipped to `clip_norm`, and their norm before clipping; under
         fp16-mixed they are still multiplied by the loss `scale`. Sharded, this rank's pieces
-        of them (`Shards.cut`'s), and the norm over every rank's."""
+        of them (`KerasShards.cut`'s), and the norm over every rank's."""
         if self.shards is not None:
             norm = self.shards.norm(gradients) / scale
         else:
@@ -132,14 +132,14 @@ def loss_scale(optimizer: keras.optimizers.Optimizer) -> Any:
     return 1.0
 
 
-class DistributedOptimizer:
+class DistributedKerasOptimizer:
     """Mixed into the class of the Keras optimizer `setup` takes (`distribute`): its `apply`
     (which `apply_gradients` and `model.fit` call) averages the gradients over the ranks and
     clips them before the optimizer's own; with `passes` above 1 it adds them up locally and
     applies their sum every `passes`-th call, as torch's .grad adds the passes up (divide each
     pass's loss by `passes` for their mean). The optimizer stays the same object."""
 
-    _exchange: Exchange
+    _exchange: GroupedExchange
     # Sharded, whether every rank's part of the gradients was finite: what a LossScaleOptimizer
     # checks, where its own check would see this rank's part only.
     agreed_finite: tf.Tensor | None = None
@@ -189,8 +189,8 @@ class DistributedOptimizer:
         return super().check_finite(grads)  # type: ignore[misc]
 
 
-def distribute(optimizer: keras.optimizers.Optimizer, exchange: Exchange) -> None:
-    """Makes `optimizer` a `DistributedOptimizer`, averaging as `exchange` says."""
+def distribute(optimizer: keras.optimizers.Optimizer, exchange: GroupedExchange) -> None:
+    """Makes `optimizer` a `DistributedKerasOptimizer`, averaging as `exchange` says."""
     own = type(optimizer)
-    optimizer.__class__ = type(own.__name__, (DistributedOptimizer, own), {})
+    optimizer.__class__ = type(own.__name__, (DistributedKerasOptimizer, own), {})
     optimizer._exchange = exchange

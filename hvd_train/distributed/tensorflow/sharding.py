@@ -26,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.checkpoint import Arrays
+from hvd_train.distributed.checkpoint_files import Arrays
 from hvd_train.distributed.sharding import Partition, Piece
 from hvd_train.errors import UsageError
 
@@ -105,7 +105,7 @@ class Slot:
     owner: int = 0
 
 
-class Shards:
+class KerasShards:
     """What this rank holds of the model's trained `variables` (`tensors`, one per parameter,
     in the parameters' order: `_held`'s), which `optimizer` is built over here; `split`: the
     parameters cut inside; `hold_back`: whether the backward pass waits on the exchange, so

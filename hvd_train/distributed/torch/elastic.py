@@ -8,7 +8,7 @@ import horovod.torch as hvd
 from horovod.common.elastic import ObjectState
 
 if TYPE_CHECKING:
-    from hvd_train.distributed.torch import TorchBackend
+    from hvd_train.distributed.torch.backend import TorchBackend
 
 
 class ElasticTorchState(ObjectState):

@@ -13,10 +13,9 @@ bucket.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import horovod.torch as hvd
@@ -172,7 +171,7 @@ class Bucketed:
         return averaged
 
 
-class Exchange(Bucketed):
+class FlatExchange(Bucketed):
     """Averages the gradients over the ranks, and a step's control values with them, by
     allreduce in place: every rank gets all of them.
 
@@ -302,7 +301,7 @@ class Exchange(Bucketed):
 
 class Stepping:
     """What a distributed optimizer's step does around the optimizer's own: the gradients
-    averaged (`Exchange`), unscaled under fp16-mixed, their norm taken (where they are clipped,
+    averaged (`FlatExchange`), unscaled under fp16-mixed, their norm taken (where they are clipped,
     or `measured`) and clipped to `clip_norm` (0: not clipped), then the update, skipped alike
     on every rank where fp16's gradients overflowed. Sharded (`shards`), the optimizer updates
     this rank's pieces, from its part of the averages, and every rank's updated pieces then
@@ -310,7 +309,8 @@ class Stepping:
     fp16 loss scale) and an element-wise optimizer, each bucket's pieces are updated as soon as
     its averages arrive (`early`), during the backward pass, and are on their way to every rank
     while the pass goes on: where buckets leave within the pass, the optimizer's settings (its
-    learning rate) must be set before it, which the step checks."""
+    learning rate) must be set before it, which the step checks. Inside `no_sync` (DDP's), the
+    step updates with this rank's own gradients, averaging nothing."""
 
     def __init__(self, exchange: Bucketed, scaler: torch.amp.GradScaler | None,
                  clip_norm: float, shards: Any = None) -> None:  # fmt: skip
@@ -327,15 +327,6 @@ class Stepping:
         self.norm = torch.zeros(())  # of the last step's averaged gradients, before clipping
         self.inside = False  # in the optimizer's own step, called by GradScaler
         self.scaled = False  # whether the step's loss went through `backward`
-
-    @contextlib.contextmanager
-    def own_step(self) -> Iterator[None]:
-        """The optimizer's own step meanwhile, with nothing averaged (bench's local step)."""
-        self.inside = True
-        try:
-            yield
-        finally:
-            self.inside = False
 
     def _leaving(self) -> None:
         """A bucket leaves in the backward pass: its update will take the settings of now."""
@@ -354,7 +345,14 @@ class Stepping:
                 "dist.backward(loss) instead of loss.backward()"
             )
         shards = self.shards
-        self.exchange.synchronize()
+        if not self.exchange.holding:
+            self.exchange.synchronize()
+        elif shards is not None:
+            raise UsageError(
+                "optimizer.step() inside no_sync() updates with this rank's own gradients, and "
+                "sharded, each rank holds its part of the state only: step outside no_sync()",
+                every_rank=True,
+            )
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
             if shards is not None:
@@ -398,7 +396,7 @@ class Stepping:
             )
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedTorchOptimizer(torch.optim.Optimizer):
     """Mixed into the class of the optimizer `setup` takes (`distribute`): its `step` averages
     the gradients over the ranks before the optimizer's own, and `zero_grad` zeroes them where
     they are exchanged. The optimizer stays the same object, so a learning-rate scheduler made
@@ -450,10 +448,10 @@ def changed_setting(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> 
 
 
 def distribute(optimizer: torch.optim.Optimizer, stepping: Stepping) -> None:
-    """Makes `optimizer` a `DistributedOptimizer`, stepping as `stepping` says."""
+    """Makes `optimizer` a `DistributedTorchOptimizer`, stepping as `stepping` says."""
     own = type(optimizer)
     stepping.optimizer_step = functools.partial(own.step, optimizer)
-    distributed = type(own.__name__, (DistributedOptimizer, own), {})
+    distributed = type(own.__name__, (DistributedTorchOptimizer, own), {})
     optimizer.__class__ = distributed
     optimizer._stepping = stepping  # type: ignore[attr-defined]
     if "step" in vars(optimizer):

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvd_train.checkpoint import Arrays
+from hvd_train.distributed.checkpoint_files import Arrays
 
 Inputs = torch.Tensor | dict[str, torch.Tensor]  # named inputs: a dict
 # The dtype torch.autocast computes in for each precision (None: fp32, no autocast).
@@ -131,18 +131,18 @@ class KerasOnTorch:
     layout, channels_first = "keras", False
 
     def __init__(self, model: Any) -> None:
-        from hvd_train.builders import keras_models  # Keras only for a Keras model: seconds
+        from hvd_train.distributed import keras_state  # Keras only for a Keras model: seconds
 
-        self.keras_models = keras_models
+        self.keras_state = keras_state
         self.module = model
-        self.seed_states = keras_models.seed_states(model)
+        self.seed_states = keras_state.seed_states(model)
 
     def forward(self, x: Inputs, training: bool) -> torch.Tensor:
         output: torch.Tensor = self.module(x, training=training)  # named inputs: a dict
         return output.float()
 
     def input_names(self) -> tuple[str, ...] | None:
-        return self.keras_models.input_names(self.module)
+        return self.keras_state.input_names(self.module)
 
     def reseed(self, seed: int) -> None:
         seed_dropout(seed)
@@ -153,7 +153,7 @@ class KerasOnTorch:
         return [(v.path, v.value) for v in self.module.trainable_variables]
 
     def layer_types(self) -> list[str]:
-        return self.keras_models.layer_types(self.module)
+        return self.keras_state.layer_types(self.module)
 
     def buffers(self) -> dict[str, torch.Tensor]:
         return {v.path: v.value for v in self.module.non_trainable_weights}
@@ -162,13 +162,13 @@ class KerasOnTorch:
         return {v.path: v.value for v in self.module.weights}
 
     def trained_names(self) -> tuple[str, ...]:
-        return self.keras_models.trained_names(self.module)
+        return self.keras_state.trained_names(self.module)
 
     def weights(self) -> Arrays:
-        return self.keras_models.weights(self.module)
+        return self.keras_state.weights(self.module)
 
     def load_weights(self, weights: Arrays) -> None:
-        self.keras_models.load_weights(self.module, weights)
+        self.keras_state.load_weights(self.module, weights)
 
 
 def compute_in(module: nn.Module, dtype: torch.dtype, device: torch.device) -> None:

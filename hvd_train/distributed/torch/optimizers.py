@@ -11,7 +11,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvd_train.checkpoint import Arrays
+from hvd_train.distributed.checkpoint_files import Arrays
 from hvd_train.distributed.torch.modules import Net, TorchModule
 from hvd_train.errors import UsageError
 from hvd_train.recipe.settings import EPSILON, RMSPROP_DECAY, Optimizer, function_name

@@ -30,7 +30,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvd_train.checkpoint import Arrays
+from hvd_train.distributed.checkpoint_files import Arrays
 from hvd_train.distributed.sharding import Partition, Piece
 from hvd_train.distributed.torch.exchange import (
     Bucketed,
@@ -81,7 +81,7 @@ def flat_gradient(gradients: torch.Tensor, partition: Partition, rank: int, buck
     return gradients[at : at + piece.stop - piece.start]
 
 
-class Shards:
+class TorchShards:
     """This rank's pieces of the parameters, which the optimizer now holds in their place;
     `gradient(bucket, piece)`: where each piece's averaged gradient lies (a 1-D view)."""
 
@@ -301,7 +301,7 @@ class ShardedState:
     rank's pieces as it is handed out (`broadcast`), a bucket at a time. So a checkpoint does
     not say how it was sharded, and resumes sharded or not, at any world size."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, shards: Shards,
+    def __init__(self, optimizer: torch.optim.Optimizer, shards: TorchShards,
                  whole: OptimizerState) -> None:  # fmt: skip
         self.optimizer, self.shards, self.whole = optimizer, shards, whole
         self.pending: Arrays | None = None  # a whole state loaded here, not yet handed out
