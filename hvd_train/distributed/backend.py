@@ -34,7 +34,10 @@ class StepResult:
     (no collective of its own)."""
 
     loss: float  # the step's loss, averaged over its batches and over the ranks
-    gradient_norm: float  # the norm of the averaged gradients, before any clipping
+    gradients_finite: bool  # whether every averaged gradient is finite (a skipped fp16 step's is)
+    # The norm of the averaged gradients, before any clipping, where the step took it: where it
+    # clips them, or they are sharded, or not finite (None elsewhere: torch checks their sum).
+    gradient_norm: float | None
     carried: np.ndarray  # the values each rank gave the step, averaged over the ranks
     compute_seconds: float  # this rank's forward and backward passes (T_comp)
     sync_seconds: float  # its wait for the exchange after them, what they did not hide (T_sync)

@@ -175,7 +175,7 @@ class Trainer:
         """Stops every rank, at the same step, when the step's numbers are not finite or any
         rank asked to stop; the numbers are the same on every rank, so all decide alike.
         Whether a callback asked for the stop (training then ends as at its last step)."""
-        if not (math.isfinite(result.loss) and math.isfinite(result.gradient_norm)):
+        if not (math.isfinite(result.loss) and result.gradients_finite):
             what = "loss" if not math.isfinite(result.loss) else "gradient norm"
             value = result.loss if what == "loss" else result.gradient_norm
             raise UsageError(

@@ -235,8 +235,8 @@ class TensorFlowBackend(Backend):
         averaged = control.numpy()
         compute, sync = float(computed) - started, float(synced - computed)
         choice.record(compute, sync, averaged[-3:-1])
-        return StepResult(float(averaged[-1]), float(norm), averaged[:-3], compute, sync,
-                          float(computed - first_full))  # fmt: skip
+        return StepResult(float(averaged[-1]), bool(np.isfinite(norm)), float(norm), averaged[:-3],
+                          compute, sync, float(computed - first_full))  # fmt: skip
 
     def _gradients(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> tuple[Any, tf.Tensor]:
         for index, state in enumerate(self.seed_states):
@@ -312,7 +312,7 @@ class TensorFlowBackend(Backend):
         self.optimizer.learning_rate.assign(learning_rate)
         losses = [float(self._compiled_local(x, y, tf.constant(seed + index, tf.int64)))
                   for index, (x, y) in enumerate(batches)]  # fmt: skip
-        return StepResult(float(np.mean(losses)), float("nan"), np.asarray(carry, np.float64),
+        return StepResult(float(np.mean(losses)), True, None, np.asarray(carry, np.float64),
                           time.time() - started, 0.0, 0.0)  # fmt: skip
 
     def _local(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:

@@ -255,11 +255,13 @@ class TorchBackend(Backend):
         averaged = control if self.exchange.holding else self.exchange.synchronize(control)
         synced = time.perf_counter()
         hide = computed - (self.exchange.first_full or computed)
-        self.stepping.measured = True  # the step reports the norm
+        self.stepping.measured = True  # the step reports whether the gradients are finite
         self.optimizer.step()
         self.exchange.clear()
-        return StepResult(float(averaged[-1]), float(self.stepping.norm), averaged[:-1],
-                          computed - started, synced - computed, hide)  # fmt: skip
+        norm = self.stepping.norm
+        finite = norm is None or bool(norm.isfinite())
+        return StepResult(float(averaged[-1]), finite, None if norm is None else float(norm),
+                          averaged[:-1], computed - started, synced - computed, hide)  # fmt: skip
 
     def input_names(self) -> tuple[str, ...] | None:
         return self.net.input_names()

@@ -323,10 +323,18 @@ class Stepping:
         self.settings: list[dict[str, Any]] | None = None
         if self.early:
             exchange.leaving, exchange.landed = self._leaving, self._landed
-        self.measured = False  # whether each step takes the norm (a recipe's step reports it)
-        self.norm = torch.zeros(())  # of the last step's averaged gradients, before clipping
+        # Whether each step checks that the averaged gradients are finite (a recipe's step reports
+        # it), taking their norm only where they are not, or are clipped, or sharded.
+        self.measured = False
+        self.norm: torch.Tensor | None = None  # of the last step's gradients, where it was taken
         self.inside = False  # in the optimizer's own step, called by GradScaler
         self.scaled = False  # whether the step's loss went through `backward`
+
+    def _norm(self) -> torch.Tensor:
+        """The averaged gradients' norm: sharded, each rank's part's, then their sum."""
+        if self.shards is not None:
+            return self.shards.norm()
+        return squared_norm([self.exchange.gradients]).sqrt().to(self.exchange.dtype)
 
     def _leaving(self) -> None:
         """A bucket leaves in the backward pass: its update will take the settings of now."""
@@ -357,14 +365,16 @@ class Stepping:
             self.scaler.unscale_(optimizer)
             if shards is not None:
                 shards.agree_on_overflow(self.scaler, optimizer)
-        norm = self.norm
-        if self.clip_norm or self.measured:
-            if shards is not None:  # each rank's part's, then their sum
-                norm = shards.norm()
-            else:
-                squares = squared_norm([self.exchange.gradients])
-                norm = squares.sqrt().to(self.exchange.dtype)
+        norm = None
+        # Finite gradients have a finite sum, one pass over them; their norm, a pass in slices,
+        # only where it is needed (docs/performance.md, "A light step"). Sharded, every rank
+        # takes its part's, and their sum makes the ranks agree.
+        if self.clip_norm or (self.measured and shards is not None):
+            norm = self._norm()
+        elif self.measured and not self.exchange.gradients.sum().isfinite():
+            norm = self._norm()  # what it became: the step reports it
         if self.clip_norm:
+            assert norm is not None
             clipped = shards.tensors.values() if shards else self.exchange.parameters
             nn.utils.clip_grads_with_norm_(list(clipped), self.clip_norm, norm)
         self.inside = True
@@ -378,7 +388,8 @@ class Stepping:
             else:  # the same averaged gradients on every rank: all skip an overflow alike
                 self.scaler.step(optimizer)
                 self.scaler.update()
-                norm = norm if norm.isfinite() else torch.zeros(())  # a skipped step, no fault
+                if norm is not None and not norm.isfinite():
+                    norm = torch.zeros(())  # a skipped step, not a fault
         finally:
             self.inside = self.scaled = False
             self.settings = None
