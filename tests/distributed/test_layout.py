@@ -55,22 +55,33 @@ def random_weights(recipe, path: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def run_probe(recipe, mnist_dir, tmp_path_factory) -> Callable[[str], tuple[dict, dict]]:
-    """probe.py's results for a framework (once per framework and recipe), and the weights."""
-    loaded, reference = recipe
+def probes(mnist_dir, tmp_path_factory) -> Callable[[str], dict[str, tuple[dict, dict]]]:
+    """probe.py's results for a framework, every recipe in one process (once per framework),
+    with the weights each recipe's probe loaded, by recipe."""
     directory = tmp_path_factory.mktemp("probe")
-    weights = random_weights(loaded, directory / "weights.safetensors")
+    weights = {reference: random_weights(load_recipe(reference), directory / f"{number}.st")
+               for number, reference in enumerate(RECIPES)}  # fmt: skip
 
     @functools.cache
-    def run(framework: str) -> tuple[dict, dict]:
-        out = directory / f"{framework}.npz"
-        command = [sys.executable, script("probe.py"), framework, reference, str(mnist_dir),
-                   str(directory / "weights.safetensors"), str(out)]  # fmt: skip
-        subprocess.run(command, check=True, timeout=300, capture_output=True)
-        with np.load(out) as archive:
-            return dict(archive), weights
+    def run(framework: str) -> dict[str, tuple[dict, dict]]:
+        cases = [(reference, directory / f"{number}.st", directory / f"{number}-{framework}.npz")
+                 for number, reference in enumerate(RECIPES)]  # fmt: skip
+        command = [sys.executable, script("probe.py"), framework, str(mnist_dir),
+                   *(str(part) for case in cases for part in case)]  # fmt: skip
+        subprocess.run(command, check=True, timeout=600, capture_output=True)
+        found = {}
+        for reference, _, out in cases:
+            with np.load(out) as archive:
+                found[reference] = (dict(archive), weights[reference])
+        return found
 
     return run
+
+
+@pytest.fixture(scope="module")
+def run_probe(recipe, probes) -> Callable[[str], tuple[dict, dict]]:
+    """probe.py's results for this module's recipe under a framework, and its weights."""
+    return lambda framework: probes(framework)[recipe[1]]
 
 
 @pytest.fixture(params=FRAMEWORKS)
