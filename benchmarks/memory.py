@@ -185,7 +185,7 @@ def main() -> None:
                   f"{'met' if row['met'] else 'NOT met'}; held MB (weights, gradients, "
                   f"optimizer) {held}")  # fmt: skip
         return
-    peaks: dict[str, dict[str, tuple[int, int]]] = {"memory-mapped array": {}, "record shards": {}}
+    peaks: dict[str, dict[str, tuple[int, int]]] = {"memory-mapped array": {}, "record files": {}}
     mnist_cnn = (ROOT / "recipes" / "mnist_cnn.toml").read_text().split("[model]", 1)[1]
     sizes = {"small": SMALL_BYTES, "large": args.large_gb * 1e9}
     with tempfile.TemporaryDirectory() as directory:
@@ -200,7 +200,7 @@ def main() -> None:
                            cwd=ROOT, check=True, capture_output=True)  # fmt: skip
             recipe = arrays.parent / "records.toml"
             recipe.write_text(RECORDS.format(mnist_cnn="[model]" + mnist_cnn, path=shards))
-            peaks["record shards"][name] = train(str(recipe), args.steps, {})
+            peaks["record files"][name] = train(str(recipe), args.steps, {})
             for path in (arrays / "x.npy", *shards.iterdir()):
                 path.unlink()  # room for the next size
     rows: list[dict[str, Any]] = [

@@ -160,7 +160,7 @@ def test_batchnorm_statistics_stay_local_until_rank_zeros_are_handed_out(framewo
 def test_gradients_averaged_in_place_match_the_grouped_exchange_bit_for_bit(ranks, travel, overlap):
     """The same sums in the same order. Gloo's ring (np=3) cuts the buffer by its length, so
     there the overlap, whose buckets Horovod may reduce apart or together, is left out."""
-    exchange = str(Path(__file__).with_name("exchange_bits.py"))
+    exchange = script("exchange_bits.py")
     result = horovodrun(exchange, travel, str(int(overlap)), ranks=ranks)
     record = json.loads(result.stdout.split("EXCHANGE ", 1)[1].splitlines()[0])
     assert record["buckets"] > 1 and record["views"], record

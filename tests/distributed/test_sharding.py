@@ -283,7 +283,7 @@ def test_the_trainer_s_rates_reach_the_updates_within_the_backward_pass(mnist_di
     # within the backward pass, and its rate decays every step: each stage ends on the
     # unsharded run's checkpoint (the rate set between the pass and the step would differ, or
     # stop the run).
-    common = ["--recipe", str(Path(__file__).parent / "mnist_wide.toml"), "--framework", "torch",
+    common = ["--recipe", script("mnist_wide.toml"), "--framework", "torch",
               "--data-dir", str(mnist_dir), "--limit-steps", "6", "--seed", "5",
               "--set", "horovod.overlap=true"]  # fmt: skip
     each_stage_ends_as_unsharded(common, tmp_path)

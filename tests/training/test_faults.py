@@ -19,6 +19,7 @@ from tests.horovodrun import (
     HOROVODRUN,
     kill_job,
     rank_children,
+    script,
     start,
     trainings,
     wait_for,
@@ -32,9 +33,7 @@ EXAMPLES = REPO / "recipes" / "examples"
 # mnist_cnn resumes to the same weights under each framework in test_stops.py (stopped by a
 # signal mid-epoch), and takes no path here that these do not.
 RESUMABLE = [
-    pytest.param(
-        str(Path(__file__).parent / "mnist_augmented.toml"), "torch", marks=pytest.mark.torch
-    ),
+    pytest.param(script("mnist_augmented.toml"), "torch", marks=pytest.mark.torch),
     pytest.param(str(EXAMPLES / "mnist_resnet_torch.py"), "torch", marks=pytest.mark.torch),
     pytest.param(str(EXAMPLES / "mnist_resnet_keras.py"), "torch", marks=pytest.mark.torch),
     pytest.param(
