@@ -54,6 +54,9 @@ def test_ranks_get_the_same_bits_and_the_exact_answer(framework, ranks, controll
         # Its infinities, NaNs and overflow: Inf, NaN, NaN, NaN, Inf.
         specials = ("inf+1", "inf-inf", "nan+1", "-nan+2", "overflow")
         assert exact >= {f"bfloat16 {name} sum single" for name in specials}
+        # ... in the vector lanes and the tail of a longer sum too, and reduce-scattered.
+        assert exact >= {f"bfloat16 {name} lanes sum {way}" for name in specials
+                         for way in ("single", "reducescatter")}  # fmt: skip
         assert exact >= {"bfloat16 inf+1 max single", "bfloat16 inf-inf max single"}
     small = {f"{dtype} small sum reducescatter" for dtype in ("float16", "bfloat16", "float32")}
     assert small <= exact

@@ -147,6 +147,16 @@ BFLOAT16_SPECIALS = [
 ]
 
 
+LANES = (0, 9, 20, 33, 34)  # where `lanes` puts the special value among 35 elements
+
+
+def lanes(special: float, finite: float, dtype: type) -> np.ndarray:
+    """35 elements of `finite`, but `special` at LANES."""
+    values = np.full(35, finite, np.float64)
+    values[list(LANES)] = special
+    return values.astype(dtype)
+
+
 def rank_data(rank: int, size: int, dtype: type, kind: str, count: int) -> np.ndarray:
     """Rank `rank`'s input. `small`: integers whose sums over `size` ranks fit the dtype;
     `wide` (floats): normal numbers spread over many exponents (float16: a standard deviation
@@ -255,6 +265,14 @@ def main() -> None:
         inputs = [np.array([v], BFLOAT16) for v in [first, second, *[0.0] * (size - 2)]]
         for reduction in ("sum", "max"):
             records.append(run_case(framework, f"bfloat16 {name}", inputs, reduction, "single"))
+        # The same in the vector lanes and the tail of a longer sum (35 elements: the specials
+        # at 0, 9 and 20, inside 8- and 16-lane blocks, and at 33 and 34, past the last whole
+        # block), among finite sums; and through a reduce-scatter.
+        inputs = [lanes(v, 1.5 + rank, BFLOAT16)
+                  for rank, v in enumerate([first, second, *[0.0] * (size - 2)])]  # fmt: skip
+        label = f"bfloat16 {name} lanes"
+        records.append(run_case(framework, label, inputs, "sum", "single"))
+        records.append(run_reducescatter(framework, label, inputs))
     if hvd.rank() == 0:
         with open(sys.argv[2], "w") as out:
             json.dump(records, out, indent=1)
