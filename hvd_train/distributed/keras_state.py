@@ -77,6 +77,14 @@ def load_weights(model: keras.Model, arrays: dict[str, np.ndarray]) -> None:
         variable.assign(arrays[name])
 
 
+def seed_state(seed: int, index: int, dtype: Any) -> np.ndarray:
+    """The seed state of a model's `index`-th random layer for a step's `seed` (of any size):
+    folded into the state's dtype as Keras folds its own seeds, by their low 32 bits (uint32,
+    or int32 under torch, whose random ops read the bits as uint32 again), the same on every
+    rank and on resume."""
+    return np.array([seed, index], dtype=np.uint64).astype(np.uint32).astype(dtype)
+
+
 def seed_states(model: keras.Model) -> list[Any]:
     """The state variables of the model's random layers (dropout, ...), nested ones included."""
     return [v for v in model.variables if v.path.endswith(SEED_STATE)]

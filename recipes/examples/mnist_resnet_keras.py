@@ -5,7 +5,8 @@
 
 Under --framework torch, hvd_train sets KERAS_BACKEND=torch before this file loads, so the
 model is built from torch modules and trained with Horovod's torch optimizer: one model,
-written once, under either framework. Keras models take images as (N, H, W, C).
+written once, under either framework, its dropout drawing each step's numbers from the step's
+seed under both. Keras models take images as (N, H, W, C).
 """
 
 import keras
@@ -23,7 +24,7 @@ def residual_block(x, channels: int):
 
 
 def resnet() -> keras.Model:
-    """28x28 -> 14x14 (16 channels) -> 7x7 (32 channels) -> 10 logits."""
+    """28x28 -> 14x14 (16 channels) -> 7x7 (32 channels) -> dropout -> 10 logits."""
     inputs = keras.Input((28, 28, 1))
     x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(inputs)
     x = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
@@ -32,7 +33,7 @@ def resnet() -> keras.Model:
     x = keras.layers.Conv2D(32, 3, strides=2, padding="same", use_bias=False)(x)
     x = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
     x = residual_block(keras.layers.ReLU()(x), 32)
-    x = keras.layers.GlobalAveragePooling2D()(x)
+    x = keras.layers.Dropout(0.1)(keras.layers.GlobalAveragePooling2D()(x))
     return keras.Model(inputs, keras.layers.Dense(10)(x), name="resnet")
 
 

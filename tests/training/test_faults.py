@@ -29,9 +29,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(90
 STEPS = 40  # per epoch; two epochs, a checkpoint every 5 steps
 EXAMPLES = REPO / "recipes" / "examples"
 # The neutral recipe with its batches read ahead by workers and augmented, and Python recipes:
-# a torch module, and a Keras model (with batchnorm and dropout) under each framework. The plain
-# mnist_cnn resumes to the same weights under each framework in test_stops.py (stopped by a
-# signal mid-epoch), and takes no path here that these do not.
+# a torch module, and a Keras model (with batchnorm and dropout, whose numbers each step seeds)
+# under each framework. The plain mnist_cnn resumes to the same weights under each framework in
+# test_stops.py (stopped by a signal mid-epoch), and takes no path here that these do not.
 RESUMABLE = [
     pytest.param(script("mnist_augmented.toml"), "torch", marks=pytest.mark.torch),
     pytest.param(str(EXAMPLES / "mnist_resnet_torch.py"), "torch", marks=pytest.mark.torch),

@@ -9,7 +9,6 @@ import inspect
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -147,7 +146,7 @@ class KerasOnTorch:
     def reseed(self, seed: int) -> None:
         seed_dropout(seed)
         for index, state in enumerate(self.seed_states):
-            state.assign(np.array([seed, index], dtype=state.dtype))
+            state.assign(self.keras_state.seed_state(seed, index, state.dtype))
 
     def trainable(self) -> list[tuple[str, torch.Tensor]]:
         return [(v.path, v.value) for v in self.module.trainable_variables]
