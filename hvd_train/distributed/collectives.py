@@ -33,7 +33,27 @@ class Collectives:
             hvd = self.backend.hvd
             ops = {"mean": hvd.Average, "sum": hvd.Sum, "min": hvd.Min, "max": hvd.Max}
             return hvd.allreduce(value, op=ops[op])
-        gathered = np.stack(self.all_gather(np.asarray(value, dtype=np.float64)))
+        mine, problem = None, None
+        try:
+            mine = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            shown = repr(value) if len(repr(value)) <= 40 else type(value).__name__
+            problem = (
+                f"all_reduce: {shown} is not a number; give numbers, arrays of numbers or "
+                "the framework's tensors (all_gather and broadcast take any object)"
+            )
+        everyone = self.all_gather((problem, mine))
+        for rank, (their_problem, _) in enumerate(everyone):
+            if their_problem is not None:
+                on_rank = f"rank {rank}: " if len(everyone) > 1 else ""
+                raise UsageError(f"{on_rank}{their_problem}", every_rank=True)
+        shapes = [np.shape(array) for _, array in everyone]
+        if len(set(shapes)) > 1:
+            rank = next(rank for rank, shape in enumerate(shapes) if shape != shapes[0])
+            raise UsageError(f"all_reduce: rank {rank} gives a value of shape {shapes[rank]}, "
+                             f"rank 0 one of {shapes[0]}; reduce values of one shape on every "
+                             "rank", every_rank=True)  # fmt: skip
+        gathered = np.stack([array for _, array in everyone])
         if op in ("min", "max"):
             reduced = gathered.min(axis=0) if op == "min" else gathered.max(axis=0)
         else:

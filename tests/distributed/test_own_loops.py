@@ -1,10 +1,9 @@
 """The own-loop layer under the real `horovodrun -np 2` and `hvd_train.launch`: the ports of
 Horovod's own MNIST examples (recipes/examples/own_loop_*.py) learn (in whole epochs, as the
-README runs them, in tests/test_readme.py), write checkpoints that
-`hvd-train eval` scores and `export` writes, and, killed and resumed, end with the weights of
-the run that was not;
-and each mistake with the layer is one line and exit code 2, with nothing written half (those
-any one rank makes, in one process)."""
+README runs them, in tests/test_readme.py), write checkpoints that `hvd-train eval` scores and
+`export` writes, and, killed and resumed, end with the weights of the run that was not; a loop
+with a scheduler, resumed, ends as the one that ran on; and each mistake with the layer is one
+line and exit code 2, with nothing written half (those any one rank makes, in one process)."""
 
 import functools
 import re
@@ -73,6 +72,7 @@ def test_the_port_learns_scores_and_resumes_to_the_same_weights(framework, mnist
 MISTAKES = {
     "step-before-setup": (1, "backward needs the model: call dist.setup(model, optimizer) first"),
     "setup-twice": (1, "setup: called a second time"),
+    "all-reduce-a-string": (1, "all_reduce: 'done' is not a number; give numbers"),
     "models-differ": (2, "setup: rank 1's model differs from rank 0's"),
     "other-frameworks-optimizer": (1, "setup: the optimizer is a"),
     "load-another-model": (1, "was written for another model"),
@@ -94,18 +94,28 @@ def test_a_mistake_with_the_layer_is_one_line_and_exit_2(mistake, framework, tmp
     said_in_one_line(mistake, framework, tmp_path, *MISTAKES[mistake])
 
 
-# Sharded under torch, a bucket's pieces are updated as their averages arrive, in the backward
-# pass: what changes between it and the step, or a pass with no step, is told.
-SHARDED_MISTAKES = {
-    "rate-after-backward": "the optimizer's lr changed between the backward pass and step()",
-    "zero-grad-before-step": "optimizer.zero_grad() came between a backward pass and its step()",
+# A torch loop's step out of its place, as Horovod refuses it: a second backward pass outside
+# no_sync, sharded or not; and, sharded, where each bucket's pieces are updated as their averages
+# arrive in the backward pass, what changes between it and the step, or a pass with no step.
+TORCH_MISTAKES = {
+    "backward-twice": (1, "backward: pass 2 of a step that takes 1: its gradients would join"),
+    "backward-twice-sharded": (2, "backward: pass 2 of a step that takes 1"),
+    "rate-after-backward": (2, "the optimizer's lr changed between the backward pass and step()"),
+    "zero-grad-before-step": (
+        2,
+        "optimizer.zero_grad() came between a backward pass and its step()",
+    ),
 }
 
 
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("mistake", SHARDED_MISTAKES)
-def test_a_sharded_loop_s_step_out_of_its_place_is_one_line_and_exit_2(mistake, tmp_path):
-    said_in_one_line(mistake, "torch", tmp_path, 2, SHARDED_MISTAKES[mistake])
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    "mistake",
+    [pytest.param(m, marks=pytest.mark.multiprocess if ranks == 2 else ())
+     for m, (ranks, _) in TORCH_MISTAKES.items()],
+)  # fmt: skip
+def test_a_torch_loop_s_step_out_of_its_place_is_one_line_and_exit_2(mistake, tmp_path):
+    said_in_one_line(mistake, "torch", tmp_path, *TORCH_MISTAKES[mistake])
 
 
 def said_in_one_line(mistake: str, framework: str, tmp_path: Path, ranks: int,
@@ -180,3 +190,15 @@ def test_the_lamb_loop_learns_through_its_one_cycle(mnist_dir):
                         "200", "--data-dir", str(mnist_dir)).stdout  # fmt: skip
     assert float(re.findall(r"\[0\]<stdout>:test accuracy ([\d.]+)%", output)[-1]) >= 95, output
     assert float(re.findall(r"learning rate ([\d.e+-]+)", output)[-1]) < 1e-4, output
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_loop_with_a_scheduler_resumes_to_the_uninterrupted_weights(framework, tmp_path):
+    """A scheduled loop saved after its first epoch and resumed for its second ends as the loop
+    that ran both: torch's StepLR reads the rate `dist.load` gave each group back (the groups'
+    settings), Keras's schedule the optimizer's step count."""
+    horovodrun(script("own_loop_scheduled.py"), framework, str(tmp_path))
+    for kept in ("model.safetensors", "optimizer.safetensors"):
+        assert_same_weights(saved_weights(tmp_path / "straight", 2, kept=kept),
+                            saved_weights(tmp_path / "resumed", 2, kept=kept))  # fmt: skip

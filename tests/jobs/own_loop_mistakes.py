@@ -38,6 +38,8 @@ def other_frameworks_optimizer():
 dist = Distributed(framework)
 if mistake == "step-before-setup":
     dist.backward(np.zeros(()))  # a loss, of a model the layer has not set up
+elif mistake == "all-reduce-a-string":
+    dist.all_reduce("done")
 elif mistake == "setup-twice":
     model, optimizer = model_and_optimizer()
     dist.setup(model, optimizer)
@@ -66,6 +68,18 @@ elif mistake == "shard-unshardable":
 elif mistake == "save-other-values":
     model, optimizer = dist.setup(*model_and_optimizer())
     dist.save(output_dir, {"model": model, "optimizer": optimizer, "epoch": dist.rank})
+elif mistake in ("backward-twice", "backward-twice-sharded"):  # torch
+    import torch
+
+    # Two buckets, the first leaving within the backward pass; the second pass's gradients
+    # would join averages on their way: refused, as Horovod refuses it.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 1024), torch.nn.Linear(1024, 1100))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    shard = "gradients" if mistake.endswith("sharded") else "none"
+    model, optimizer = dist.setup(model, optimizer, overlap=True, shard=shard)
+    for _ in range(2):
+        dist.backward(model(torch.ones(2, 3)).sum())
+    optimizer.step()
 elif mistake in ("rate-after-backward", "zero-grad-before-step"):  # torch, sharded
     import torch
 

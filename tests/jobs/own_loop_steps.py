@@ -23,12 +23,18 @@ y = rng.integers(0, CLASSES, (STEPS, 2 * BATCH))
 reference = "HOROVOD_RANK" not in os.environ  # alone, not under horovodrun
 
 
-def halves(step: int, rank: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """This rank's half of the step's batch, in two passes; the reference's whole, in one."""
+ACCUMULATING = ("no_sync", "passes")  # a backward pass past the step's last is refused
+
+
+def halves(step: int, rank: int, variant: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """This rank's half of the step's batch, in two passes where the variant accumulates (in
+    one otherwise); the reference's whole, in one."""
     if reference:
         return [(x[step], y[step])]
     mine = slice(rank * BATCH, (rank + 1) * BATCH)
     xs, ys = x[step, mine], y[step, mine]
+    if variant not in ACCUMULATING:
+        return [(xs, ys)]
     return [(xs[: BATCH // 2], ys[: BATCH // 2]), (xs[BATCH // 2 :], ys[BATCH // 2 :])]
 
 
@@ -55,7 +61,7 @@ def steps(framework: str, variant: str, out: Path) -> None:
                 model.zero_grad()  # the .grads set to None, as torch's default does
             else:
                 optimizer.zero_grad()
-            batches = halves(step, rank)
+            batches = halves(step, rank, variant)
             for index, (inputs, labels) in enumerate(batches):
                 inputs, labels = torch.from_numpy(inputs), torch.from_numpy(labels)
                 loss = F.cross_entropy(model(inputs), labels) / len(batches)  # the passes' mean
@@ -89,12 +95,13 @@ def steps(framework: str, variant: str, out: Path) -> None:
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
         if stepping == "fit":  # each rank's half of each step's batch, in one batch of Keras's fit
-            model.compile(optimizer=optimizer, loss=cross_entropy)
-            passes = [batch for step in range(STEPS) for batch in halves(step, rank)]
+            # with XLA, as Keras compiles by itself where a GPU is visible: hvd_train turns it off
+            model.compile(optimizer=optimizer, loss=cross_entropy, jit_compile=True)
+            passes = [batch for step in range(STEPS) for batch in halves(step, rank, variant)]
             inputs, labels = (np.concatenate(parts) for parts in zip(*passes, strict=True))
             model.fit(inputs, labels, batch_size=BATCH, shuffle=False, verbose=0)
         for step in range(STEPS if stepping != "fit" else 0):
-            batches = halves(step, rank)
+            batches = halves(step, rank, variant)
             if stepping == "passes":  # two applies a step, their gradients added up
                 for inputs, labels in batches:
                     tape_step(inputs, labels, tf.constant(0.5))

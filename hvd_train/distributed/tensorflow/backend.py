@@ -89,6 +89,7 @@ class TensorFlowBackend(Backend):
             )
         # Mixed precision is the model's own Keras dtype policy, set as it was built.
         self.model, self.loss = model, self.resolved_loss(loss)
+        self._compile_without_xla(model)
         variables = model.trainable_variables
         self.optimizer = made_optimizer(optimizer)
         decays = [True] * len(variables)
@@ -131,6 +132,28 @@ class TensorFlowBackend(Backend):
         self.holding = False  # in no_sync: steps update with this rank's own gradients
         self._compile()
         return self.model, self.optimizer
+
+    def _compile_without_xla(self, model: keras.Model) -> None:
+        """`model.fit`'s step without XLA, whenever the model is compiled: Horovod's ops have no
+        XLA kernels in this build, and Keras compiles with XLA by itself where a GPU is
+        visible (`jit_compile="auto"`); said in one line, on rank 0, where XLA was asked for."""
+        own_compile = model.compile
+
+        def without_xla() -> None:
+            if model.jit_compile:  # resolves "auto"
+                model.jit_compile = False
+                if self.rank == 0:
+                    print("hvd-train: model.compile: jit_compile is off, as Horovod's ops have "
+                          "no XLA kernels here; model.fit's step runs as a tf.function",
+                          flush=True)  # fmt: skip
+
+        def compile(*args: Any, **kwargs: Any) -> None:
+            own_compile(*args, **kwargs)
+            without_xla()
+
+        model.compile = compile
+        if getattr(model, "compiled", False):  # compiled before setup
+            without_xla()
 
     def _shard(self, variables: list[Any], shard: str) -> None:
         """This rank's part of the optimizer's state and of the averaged gradients (with
@@ -181,7 +204,7 @@ class TensorFlowBackend(Backend):
 
     def reseed(self, seed: int) -> None:
         for index, state in enumerate(getattr(self, "seed_states", ())):
-            state.assign(np.array([seed, index], dtype=state.dtype))
+            state.assign(keras_state.seed_state(seed, index, state.dtype))
 
     layout = "keras"
 

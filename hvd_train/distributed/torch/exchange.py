@@ -95,12 +95,11 @@ class Bucketed:
         self.holding = False  # in no_sync: gradients arrive without counting
         self.began = time.perf_counter()
         self.stepped()
-        if len(self.buckets) > 1:
-            for bucket, indices in enumerate(self.buckets):
-                for index in indices:
-                    self.parameters[index].register_post_accumulate_grad_hook(
-                        functools.partial(self._accumulated, bucket, index)
-                    )
+        for bucket, indices in enumerate(self.buckets):
+            for index in indices:
+                self.parameters[index].register_post_accumulate_grad_hook(
+                    functools.partial(self._accumulated, bucket, index)
+                )
 
     def stepped(self) -> None:
         """The step is over: the next one counts its gradients' arrivals anew."""
@@ -114,14 +113,24 @@ class Bucketed:
 
     def _accumulated(self, bucket: int, index: int, parameter: torch.Tensor) -> None:
         """A gradient arrived (`_arrived`); a bucket whose gradients have all arrived in the
-        step's last pass leaves, where the step overlaps."""
+        step's last pass leaves, where the step overlaps. A pass past the step's last, outside
+        `no_sync`, is refused (as Horovod's DistributedOptimizer refuses it): its gradients
+        would meet averages that may have left already."""
         self._arrived(index, parameter)
         if self.landed is not None:
             self._collect(0)  # what has arrived goes on at once (its update, sharded)
         if self.holding:
             return
         self.arrived[bucket] += 1
-        if self.full(bucket):
+        if self.arrived[bucket] > len(self.buckets[bucket]) * self.passes:
+            raise UsageError(
+                f"backward: pass {self.passes + 1} of a step that takes {self.passes}: its "
+                "gradients would join averages already on their way; take each pass but the "
+                "step's last inside `with dist.no_sync():` (or setup(..., "
+                "backward_passes_per_step=N)), and optimizer.step() after the last",
+                every_rank=True,
+            )
+        if len(self.buckets) > 1 and self.full(bucket):
             self.first_full = self.first_full or time.perf_counter()
             waits = self.last_waits and bucket == len(self.buckets) - 1
             if self.choice.overlap and self.exchanges and not waits:

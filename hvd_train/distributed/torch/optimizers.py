@@ -17,6 +17,7 @@ from hvd_train.errors import UsageError
 from hvd_train.recipe.settings import EPSILON, RMSPROP_DECAY, Optimizer, function_name
 
 SCALER_STATE = ("scale", "_growth_tracker")  # what GradScaler's state_dict holds that changes
+GROUP = "group."  # a parameter group's settings among a state's arrays: `group.<group>.<key>`
 
 
 def made_optimizer(given: Any, net: Net, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
@@ -97,21 +98,52 @@ Entries = dict[int, dict[str, torch.Tensor]]
 
 
 def per_parameter(state: Arrays) -> Entries:
-    """An optimizer state's arrays (`<place>.<name>`, beside `scaler.*`) per parameter's place,
-    as tensors sharing their memory."""
+    """An optimizer state's arrays (`<place>.<name>`, beside `scaler.*` and `group.*`) per
+    parameter's place, as tensors sharing their memory."""
     entries: Entries = {}
     for name, array in state.items():
-        if not name.startswith("scaler."):
+        if not name.startswith(("scaler.", GROUP)):
             position, key = name.split(".", 1)
             entries.setdefault(int(position), {})[key] = torch.from_numpy(array)
     return entries
+
+
+def group_settings(optimizer: torch.optim.Optimizer) -> Arrays:
+    """Each parameter group's settings that are numbers (its learning rate, momentum, betas,
+    weight decay, ..., a scheduler's `initial_lr`), as `group.<group>.<key>`: what torch's own
+    `load_state_dict` restores besides the state, and what a scheduler reads back."""
+    arrays = {}
+    for number, group in enumerate(optimizer.param_groups):
+        for key, value in group.items():
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()  # a learning rate held as a tensor
+            numbers = value if isinstance(value, tuple) else (value,)
+            if key != "params" and all(isinstance(v, bool | int | float) for v in numbers):
+                arrays[f"{GROUP}{number}.{key}"] = np.array(value)
+    return arrays
+
+
+def load_group_settings(optimizer: torch.optim.Optimizer, state: Arrays) -> None:
+    """The groups' settings `state` holds (checked: `OptimizerState.check`), into the
+    optimizer's groups; a state saved before hvd_train kept them holds none, and the optimizer
+    keeps its own."""
+    for name, array in state.items():
+        if not name.startswith(GROUP):
+            continue
+        number, key = name.removeprefix(GROUP).split(".", 1)
+        group = optimizer.param_groups[int(number)]
+        value = tuple(array.tolist()) if array.ndim else array.item()
+        if isinstance(group.get(key), torch.Tensor):
+            group[key].fill_(value)  # where the optimizer reads it, as a tensor
+        else:
+            group[key] = value
 
 
 class OptimizerState:
     """An optimizer's state as arrays keyed `<parameter's place>.<name>` (`0.exp_avg`, ...),
     the place being the parameter's in the model's trainable ones, whatever the optimizer's own
     order (its groups, one after the other); under fp16-mixed with the loss scale and its count
-    of steps since it last changed."""
+    of steps since it last changed; and each parameter group's settings (`group_settings`)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, parameters: list[torch.Tensor],
                  scaler: torch.amp.GradScaler | None) -> None:  # fmt: skip
@@ -127,7 +159,7 @@ class OptimizerState:
             for index, entries in state.items()
             for key, value in entries.items()
         }
-        return arrays | self.scaler_arrays()
+        return arrays | self.scaler_arrays() | group_settings(self.optimizer)
 
     def scaler_arrays(self) -> Arrays:
         """The loss scale and its count of steps since it last changed, under fp16-mixed."""
@@ -143,7 +175,11 @@ class OptimizerState:
 
     def check(self, state: Arrays) -> Entries:
         """`state`'s entries per parameter; a ValueError unless it holds state for every
-        parameter (or none), shaped like it."""
+        parameter (or none), shaped like it, and settings for every group (or none)."""
+        groups = {name.split(".")[1] for name in state if name.startswith(GROUP)}
+        if groups and len(groups) != len(self.optimizer.param_groups):
+            raise ValueError(f"settings for {len(groups)} parameter groups, the optimizer has "
+                             f"{len(self.optimizer.param_groups)}")  # fmt: skip
         entries = per_parameter(state)
         if entries and sorted(entries) != list(range(self.count)):
             raise ValueError(f"state for {len(entries)} parameters, the model has {self.count}")
@@ -162,6 +198,7 @@ class OptimizerState:
         current = self.optimizer.state_dict()
         ordered = {at: entries[index] for at, index in enumerate(self.placed) if index in entries}
         self.optimizer.load_state_dict({"state": ordered, "param_groups": current["param_groups"]})
+        load_group_settings(self.optimizer, state)
 
     def broadcast(self) -> None:
         """Rank 0's state, exactly, even empty: its layout first (names, shapes), then its
@@ -181,6 +218,13 @@ class OptimizerState:
         }
         hvd.broadcast_parameters(tensors, root_rank=0)
         self.broadcast_scaler()
+        self.broadcast_groups()
+
+    def broadcast_groups(self) -> None:
+        """Rank 0's parameter groups' settings."""
+        settings = hvd.broadcast_object(group_settings(self.optimizer), root_rank=0,
+                                        name="hvd_train.groups")  # fmt: skip
+        load_group_settings(self.optimizer, settings)
 
     def broadcast_scaler(self) -> None:
         if self.scaler is not None:

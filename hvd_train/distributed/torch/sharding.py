@@ -39,7 +39,14 @@ from hvd_train.distributed.torch.exchange import (
     laid_out,
     squared_norm,
 )
-from hvd_train.distributed.torch.optimizers import Entries, OptimizerState, per_parameter
+from hvd_train.distributed.torch.optimizers import (
+    GROUP,
+    Entries,
+    OptimizerState,
+    group_settings,
+    load_group_settings,
+    per_parameter,
+)
 
 # torch's optimizers whose update of an element reads that element's gradient and state alone,
 # and numbers (the step count) that are the same for every element: a piece of a parameter is
@@ -341,7 +348,9 @@ class ShardedState:
                     values = laid_out(values, self.shards.parameters[index])
                 values = values[:1].reshape(()) if kind == "scalar" else values.reshape(shape)
                 arrays[f"{index}.{key}"] = values.cpu().numpy().copy()
-        return arrays | (self.whole.scaler_arrays() if hvd.rank() == 0 else {})
+        if hvd.rank() != 0:
+            return arrays
+        return arrays | self.whole.scaler_arrays() | group_settings(self.optimizer)
 
     def _sent(self, index: int, key: str, described: tuple[str, tuple[int, ...], str]
               ) -> torch.Tensor:  # fmt: skip
@@ -367,6 +376,7 @@ class ShardedState:
         pieces take theirs at once."""
         entries = self.whole.check(state)
         self.whole.load_scaler(state)
+        load_group_settings(self.optimizer, state)
         self.pending = state
         self._load(self._cut(entries))
 
@@ -401,9 +411,10 @@ class ShardedState:
         at a time; and its loss scale."""
         pending = self.pending if hvd.rank() == 0 else None
         layout = None if pending is None else {n: (a.shape, a.dtype.str) for n, a in pending.items()
-                                               if not n.startswith("scaler.")}  # fmt: skip
+                                               if not n.startswith(("scaler.", GROUP))}  # fmt: skip
         layout = hvd.broadcast_object(layout, root_rank=0, name="hvd_train.optimizer")
         self.whole.broadcast_scaler()
+        self.whole.broadcast_groups()
         self.pending = None
         if layout is None:
             return
