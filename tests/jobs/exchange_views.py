@@ -21,7 +21,7 @@ def model() -> nn.Module:
 def gradients_are_views_of_one_buffer_in_the_parameters_layout(layout) -> None:
     net = model().to(memory_format=layout)
     parameters = list(net.parameters())
-    exchange = FlatExchange(parameters, None, CPU, passes=1, overlap=False, exchanges=False)
+    exchange = FlatExchange(parameters, None, CPU, passes=2, overlap=False, exchanges=False)
     x = torch.randn(6, 3, 8, 8).to(memory_format=layout)
     y = torch.randint(0, 5, (6,))
     expected = torch.autograd.grad(nn.functional.cross_entropy(net(x), y), parameters)
@@ -51,6 +51,22 @@ def a_gradient_set_elsewhere_goes_back_into_the_buffer_when_cleared() -> None:
     assert parameters[0].grad is exchange.views[0] and parameters[1].grad is exchange.views[1]
 
 
+def a_pass_past_the_steps_last_is_refused_unless_its_gradients_were_zeroed() -> None:
+    net = model()
+    exchange = FlatExchange(list(net.parameters()), None, CPU, passes=1, overlap=False,
+                            exchanges=False)  # fmt: skip
+    x, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
+    nn.functional.cross_entropy(net(x), y).backward()
+    exchange.clear()  # optimizer.zero_grad(): the pass is not one of the step's
+    nn.functional.cross_entropy(net(x), y).backward()
+    try:
+        nn.functional.cross_entropy(net(x), y).backward()
+    except UsageError as error:
+        assert "backward: pass 2 of a step that takes 1" in str(error)
+    else:
+        raise AssertionError("a second pass in a step of one was taken")
+
+
 def parameters_of_several_dtypes_are_refused_by_name() -> None:
     parameters = [nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(3, dtype=torch.float64))]
     try:
@@ -65,5 +81,6 @@ if __name__ == "__main__":
     for layout in (torch.contiguous_format, torch.channels_last):
         gradients_are_views_of_one_buffer_in_the_parameters_layout(layout)
     a_gradient_set_elsewhere_goes_back_into_the_buffer_when_cleared()
+    a_pass_past_the_steps_last_is_refused_unless_its_gradients_were_zeroed()
     parameters_of_several_dtypes_are_refused_by_name()
     print("OK")

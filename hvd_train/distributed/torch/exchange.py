@@ -215,8 +215,10 @@ class FlatExchange(Bucketed):
         self.clear()
 
     def clear(self) -> None:
-        """Zero gradients, in the buffer; the time the step's passes begin."""
+        """Zero gradients, in the buffer; the time the step's passes begin, counted anew (a
+        pass whose gradients were zeroed before a step is not one of the step's)."""
         self.flat.zero_()
+        self.arrived = [0] * len(self.buckets)
         for parameter, view in zip(self.parameters, self.views, strict=True):
             if parameter.grad is not view:
                 parameter.grad = view
