@@ -39,6 +39,9 @@ class ElasticTorchState(ObjectState):
             for name, tensor in self.backend.net.state().items():
                 tensor.copy_(self.model[name])
         self.backend.optimizer_state.load(self.optimizer)
+        # A step cut short by the failure: its gradients and its count of passes start anew.
+        self.backend.exchange.clear()
+        self.backend.exchange.stepped()
         super().restore()
 
     def sync(self) -> None:
