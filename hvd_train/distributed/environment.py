@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -17,6 +19,8 @@ from hvd_train.distributed.host import host_name, threads_per_rank
 from hvd_train.distributed.precision import Precision
 from hvd_train.errors import UsageError, report
 from hvd_train.frameworks import FRAMEWORKS, framework_named
+
+MEETING_SECONDS = 10.0  # how long a rank ending on a mistake every rank makes waits for the others
 
 
 def framework_in_use() -> str:
@@ -41,7 +45,7 @@ class Environment:
         name = framework_named(framework or framework_in_use()).name
         self.backend: Backend = create_backend(name)
         self.backend.start(precision.mixed, may_overlap)
-        say_usage_errors_in_one_line()
+        say_usage_errors_in_one_line(self.backend)
 
     @property
     def framework(self) -> str:
@@ -92,21 +96,34 @@ class _OnRankZero(logging.Filter):
         return self.backend.rank == 0
 
 
-def say_usage_errors_in_one_line() -> None:
+def say_usage_errors_in_one_line(backend: Backend) -> None:
     """A UsageError that ends the loop's script is one line and exit code 2, as the CLI's."""
-    if getattr(sys.excepthook, "hvd_train", False):
-        return
-    previous = sys.excepthook
+    if not isinstance(sys.excepthook, _OneLine):
+        sys.excepthook = _OneLine(sys.excepthook)
+    sys.excepthook.backend = backend
 
-    def hook(kind: type[BaseException], error: BaseException,
-             traceback: TracebackType | None) -> None:  # fmt: skip
+
+class _OneLine:
+    """`sys.excepthook` for a UsageError: its line, exit code 2. One that every rank raises
+    alike waits (`MEETING_SECONDS` at most) for the other ranks to raise it too before the
+    process ends: a rank that ended at once would cut the collective that a slower rank still
+    finishes, whose core would then print an error of its own."""
+
+    backend: Backend
+
+    def __init__(self, previous: Callable[..., Any]) -> None:
+        self.previous = previous
+
+    def __call__(self, kind: type[BaseException], error: BaseException,
+                 traceback: TracebackType | None) -> None:  # fmt: skip
         if not isinstance(error, UsageError):
-            previous(kind, error, traceback)
+            self.previous(kind, error, traceback)
             return
         report(error)
         sys.stdout.flush()
         sys.stderr.flush()
+        if error.every_rank and self.backend.world_size > 1:
+            meeting = threading.Thread(target=self.backend.hvd.join, daemon=True)
+            meeting.start()
+            meeting.join(MEETING_SECONDS)
         os._exit(2)
-
-    hook.hvd_train = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
