@@ -31,9 +31,8 @@ def elastic_job(tmp_path: Path, np: int, *arguments: str) -> tuple[subprocess.Po
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(0o755)
     output_dir = tmp_path / "run"
-    # The interface named: else horovodrun's elastic driver waits for two hosts to find one.
     elastic = ["-np", str(np), "--min-np", "1", "--max-np", "2", "--gloo",
-               "--network-interface", "lo", "--host-discovery-script", str(discover)]  # fmt: skip
+               "--host-discovery-script", str(discover)]  # fmt: skip
     command = [str(HOROVODRUN), *elastic, sys.executable, "-m", "hvd_train", "--elastic",
                "--output-dir", str(output_dir), *arguments]  # fmt: skip
     # Both "hosts" share this machine's cores: one thread each, or they oversubscribe them.

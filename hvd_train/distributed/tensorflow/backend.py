@@ -55,8 +55,8 @@ def cross_entropy(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
 class TensorFlowBackend(Backend):
     name = "tensorflow"
     without_elastic = (
-        "Horovod's elastic state for TensorFlow targets Keras 2; use --framework torch, or drop "
-        "--elastic and rely on --resume"
+        "hvd_train's elastic mode is torch's only; use --framework torch, or drop --elastic and "
+        "rely on --resume"
     )
     hvd = hvd
     losses = MappingProxyType({"cross_entropy": cross_entropy})
