@@ -1,7 +1,8 @@
 """The patched launcher names the real cause of a failed job: `horovod.run` raises the first
 rank's exception to fail, or a JobFailed naming one it cannot rebuild, under static and elastic
-launches; horovodrun ends a job whose other rank hangs within about 10 s, in one line naming a
-rank that was killed; a bad grace-time setting is one line before anything starts.
+launches (a killed worker beside the elastic driver's reason to stop); horovodrun ends a job
+whose other rank hangs within about 10 s, in one line naming a rank that was killed; a bad
+grace-time setting is one line before anything starts.
 failing_jobs.py holds the jobs."""
 
 import json
@@ -55,6 +56,18 @@ def test_an_elastic_job_hands_its_rank_s_exception_back(tmp_path):
     discovery.chmod(0o755)
     seen = caller("elastic", DISCOVERY_SCRIPT=str(discovery))
     assert seen["raised"] == "ValueError: rank 1 found a mistake under elastic", seen["output"]
+
+
+def test_a_killed_elastic_worker_keeps_the_drivers_reason_to_stop(tmp_path):
+    from horovod.runner.elastic.constants import RESET_LIMIT_EXCEEDED_MESSAGE
+
+    discovery = tmp_path / "discover.sh"
+    discovery.write_text("#!/bin/sh\nprintf 'localhost:1\\n127.0.0.1:1\\n'\n")
+    discovery.chmod(0o755)
+    seen = caller("elastic-killed", DISCOVERY_SCRIPT=str(discovery))
+    killed = r"process [\w.]+\[0\] exited with code 137 without raising an exception"
+    reason = re.escape(RESET_LIMIT_EXCEEDED_MESSAGE.format(0))
+    assert re.fullmatch(f"JobFailed: {reason}; {killed}", seen["raised"]), seen["output"]
 
 
 def test_a_grace_time_that_is_not_a_number_is_one_line_before_any_rank_starts():

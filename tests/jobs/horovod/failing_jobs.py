@@ -59,6 +59,24 @@ def elastic_second_rank_fails() -> None:
     train(hvd.elastic.TorchState(step=0))
 
 
+def elastic_second_rank_killed() -> None:
+    """Under an elastic launch with a reset limit of 0: rank 1 is killed by SIGKILL while rank 0
+    waits for it in an allreduce; the reset that would follow exceeds the limit."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+
+    @hvd.elastic.run
+    def train(state) -> None:
+        if hvd.rank() == 1:
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+        hvd.allreduce(torch.ones(1), name="elastic.waits")
+
+    train(hvd.elastic.TorchState(step=0))
+
+
 def ranks_raise_in_turn_on_clocks_apart() -> None:
     """Rank 1 raises at once, on a clock 1,000 s ahead (another host's, set wrong); rank 0 a
     second later: rank 1's is the first."""
@@ -91,15 +109,17 @@ def run(case: str) -> None:
     import horovod
 
     keywords: dict = {"np": 2, "use_gloo": True}
-    if case == "elastic":
+    if case.startswith("elastic"):
         discovery = Path(os.environ["DISCOVERY_SCRIPT"])
-        # The interface named: else the elastic driver waits for two hosts to find one.
-        keywords |= {"min_np": 2, "max_np": 2, "host_discovery_script": str(discovery),
-                     "network_interfaces": ["lo"]}  # fmt: skip
+        # No --network-interface: the job is on this host alone.
+        keywords |= {"min_np": 2, "max_np": 2, "host_discovery_script": str(discovery)}
+    if case == "elastic-killed":  # two "hosts" (both this one): one goes on when the other fails
+        keywords |= {"min_np": 1, "reset_limit": 0}
     function = {
         "first-failure": second_rank_fails_first,
         "two-arguments": second_rank_raises_two_arguments,
         "elastic": elastic_second_rank_fails,
+        "elastic-killed": elastic_second_rank_killed,
         "grace-time": second_rank_raises_two_arguments,
         "clocks": ranks_raise_in_turn_on_clocks_apart,
         "tensorflow": tensorflow_second_rank_fails_after_shutting_down,
