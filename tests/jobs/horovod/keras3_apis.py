@@ -1,14 +1,22 @@
 """Runs inside each rank under `horovodrun -np 2`: Horovod's own TensorFlow API on a Keras 3
-model, each against a one-process reference computed here too (patch 16). Prints OK, or fails.
+model, each against a one-process reference computed here too (patches 16 and 20). Prints OK,
+or fails.
 
 - `broadcast_variables(model.variables)`: ranks that start apart hold rank 0's weights after;
 - `DistributedGradientTape`, eagerly and in a tf.function: a step on each rank's half of a
   batch is the step of one process on the whole batch (SGD: the mean of the halves' mean
   gradients is the whole batch's);
-- the Keras `DistributedOptimizer` through `model.fit`: the same, and the replicas agree.
+- the Keras `DistributedOptimizer` through `model.fit`: the same, and the replicas agree;
+- `load_model`: the model saved after that, with a DistributedOptimizer holding its state,
+  trains on as one process;
+- `SyncBatchNormalization`: a rank's half of a batch normalized as the whole batch.
 """
 
+import tempfile
+from pathlib import Path
+
 import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hvd_keras
 import keras
 import numpy as np
 import tensorflow as tf
@@ -71,4 +79,23 @@ reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
 assert same(fitted, reference), "model.fit with DistributedOptimizer differs from one process"
 everyone = hvd.allgather_object([w.tobytes() for w in fitted.get_weights()])
 assert everyone[0] == everyone[1], "the replicas diverged under model.fit"
+
+# hvd.load_model (patch 20): the saved model comes back with the saved optimizer state in a
+# DistributedOptimizer, whose fit goes on as one process's.
+folder = Path(tempfile.mkdtemp())
+fitted.save(folder / "fitted.keras")
+reference.save(folder / "reference.keras")
+fitted = hvd_keras.load_model(folder / "fitted.keras")
+reference = keras.models.load_model(folder / "reference.keras")
+assert int(fitted.optimizer.iterations.numpy()) == 2, "load_model lost the optimizer's state"
+fitted.fit(x[mine], y[mine], batch_size=4, epochs=1, shuffle=False, verbose=0)
+reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+assert same(fitted, reference), "a model from hvd.load_model trains apart from one process"
+
+# SyncBatchNormalization (patch 20): each rank's half of a batch normalized by the whole batch's
+# statistics, and its moving statistics moved by them, as one process's BatchNormalization.
+synced, whole = hvd.SyncBatchNormalization(), keras.layers.BatchNormalization()
+mine_out, whole_out = synced(x[mine], training=True), whole(x, training=True)
+assert np.allclose(mine_out, np.asarray(whole_out)[mine], atol=1e-5), "SyncBatchNormalization"
+assert np.allclose(synced.moving_variance, whole.moving_variance, atol=1e-6), "its moving variance"
 print("OK", flush=True)
