@@ -1,5 +1,5 @@
 """Horovod's own TensorFlow API on Keras 3 (patches 16-keras3-variables and
-20-keras3-callbacks-and-elastic): each call against a one-process reference, and each of
+20-keras3-callbacks-and-elastic-state): each call against a one-process reference, and each of
 Horovod v0.28.1's seven `examples/tensorflow2` scripts run to its end under the real
 horovodrun, the elastic ones under its elastic launcher on this one host as Horovod's docs show
 it. A script is run as its users have it, with only what docs/frameworks.md names Keras 3's two
@@ -87,7 +87,7 @@ def test_tensorflow2_mnist_learns_and_saves(mnist_dir, tmp_path):
 
 
 @needs_examples
-def test_tensorflow2_keras_mnist_warms_up_averages_and_saves(mnist_dir, tmp_path):
+def test_tensorflow2_keras_mnist_runs_its_callbacks_and_saves(mnist_dir, tmp_path):
     caps = {"500 // hvd.size()": "40 // hvd.size()", "epochs=24": "epochs=4"}
     output = mnist_example("tensorflow2_keras_mnist.py", mnist_dir, tmp_path, caps)
     # LearningRateWarmupCallback reached the scaled rate (0.001 x 2) at its third epoch's end.
