@@ -10,8 +10,9 @@ until their cuts come near even, where asked.
 ones of the same job (sharded_steps.py), bit for bit at np=2 for element-wise optimizers and for
 LAMB, which each rank updates whole tensors of; within float32 rounding where the gradients'
 norm is summed in other orders (clipping) or three ranks' sums are (np=3). Each rank holds its
-part only. The trainer's checkpoints of each stage are the unsharded run's, and resume at np=3
-unsharded as sharded (within rounding under TensorFlow, whose stages both reduce-scatter)."""
+part only. A parameter no step reaches is skipped, as one process skips it. The trainer's
+checkpoints of each stage are the unsharded run's, and resume at np=3 unsharded as sharded
+(within rounding under TensorFlow, whose stages both reduce-scatter)."""
 
 import json
 import math
@@ -164,6 +165,22 @@ def test_a_sharded_step_updates_as_the_unsharded_one_bit_for_bit(at_two, case, s
                  if array.dtype != sharded_state[name].dtype
                  or not np.array_equal(array, sharded_state[name])]  # fmt: skip
     assert differing == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("shard", ["none", *STAGES])
+def test_a_parameter_no_step_reaches_is_skipped_as_one_process_skips_it(at_two, shard):
+    # The model's first parameters (torch's `unused`, a Keras Dense layer's kernel and bias)
+    # no pass reaches: plain torch and Keras skip them, so they keep their value under weight
+    # decay (adamw, sgd-accumulated, lamb), and torch keeps no optimizer state for them.
+    out, _ = at_two
+    for case in EXACT:
+        state = saved(out, case, shard)
+        unused = [name for name in ("weight.unused", "weight.0000.kernel", "weight.0001.bias")
+                  if name in state]  # fmt: skip
+        assert unused and all(np.all(state[name] == 0.5) for name in unused), case
+        if "weight.unused" in state:  # torch: its place is 0
+            assert not [name for name in state if name.startswith("optimizer.0.")], case
 
 
 @pytest.mark.multiprocess

@@ -72,17 +72,41 @@ RELOADED = "adamw"
 NEXT = {"none": "optimizer", "optimizer": "gradients", "gradients": "none"}
 
 
+# Every model also holds a parameter no step reaches (a head left out of the forward pass),
+# all UNUSED: plain torch and Keras skip it, so it keeps its value (no weight decay).
+UNUSED = 0.5
+
+
 def model() -> Any:
     if FRAMEWORK == "tensorflow":
         keras.utils.set_random_seed(0)
-        return keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Conv2D(8, 3),
-                                 keras.layers.ReLU(), keras.layers.Flatten(),
-                                 keras.layers.Dense(257), keras.layers.ReLU(),
-                                 keras.layers.Dense(10)])  # fmt: skip
+        return WithUnused([keras.layers.Conv2D(8, 3), keras.layers.ReLU(),
+                           keras.layers.Flatten(), keras.layers.Dense(257), keras.layers.ReLU(),
+                           keras.layers.Dense(10)])  # fmt: skip
     torch.manual_seed(0)
     layers = [nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 26 * 26, 257), nn.ReLU(),
               nn.Linear(257, 10)]  # fmt: skip
-    return nn.Sequential(*layers).to(memory_format=torch.channels_last)
+    net = nn.Sequential(*layers).to(memory_format=torch.channels_last)
+    net.register_parameter("unused", nn.Parameter(torch.full((5, 3), UNUSED)))
+    return net
+
+
+if FRAMEWORK == "tensorflow":
+
+    class WithUnused(keras.Model):
+        """`layers` in turn, and a Dense layer built beside them that no call reaches."""
+
+        def __init__(self, layers: list[Any]) -> None:
+            super().__init__()
+            unused = keras.initializers.Constant(UNUSED)
+            self.unused = keras.layers.Dense(3, kernel_initializer=unused, bias_initializer=unused)
+            self.body = keras.Sequential(layers)
+            self.unused.build((None, 5))
+            self.body.build((None, 28, 28, 1))
+            self.built = True
+
+        def call(self, x: Any) -> Any:
+            return self.body(x)
 
 
 Held = tuple[list[list[int]], list[list[int]]]  # the tensors' shapes, and the copies'

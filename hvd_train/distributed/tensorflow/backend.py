@@ -261,20 +261,23 @@ class TensorFlowBackend(Backend):
         return StepResult(float(averaged[-1]), bool(np.isfinite(norm)), float(norm), averaged[:-3],
                           compute, sync, float(computed - first_full))  # fmt: skip
 
-    def _gradients(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> tuple[Any, tf.Tensor]:
+    def _gradients(
+        self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor
+    ) -> tuple[list[tf.Tensor], tf.Tensor, list[bool]]:
+        """The pass's gradients (dense, zeros where a variable has none), its loss, and which
+        variables it reached (`averaging.dense`)."""
         for index, state in enumerate(self.seed_states):
             state.assign(tf.cast(tf.stack([seed, index]), state.dtype))
         with tf.GradientTape() as tape:
             loss = self.loss(tf.cast(self.model(x, training=True), tf.float32), y)
             scaled = self.optimizer.scale_loss(loss)  # fp16-mixed: by the loss scale
-        gradients = tape.gradient(scaled, self.model.trainable_variables)
-        # An embedding's gradient comes as IndexedSlices. Made dense, as torch's are (Horovod's
-        # sparse_as_dense), it adds up over passes and travels in the grouped allreduce.
-        return [tf.convert_to_tensor(g) for g in gradients], loss
+        variables = self.model.trainable_variables
+        gradients, reached = averaging.dense(tape.gradient(scaled, variables), variables)
+        return gradients, loss, reached
 
     def _accumulate(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> None:
         """One of several backward passes of a step: its gradients and loss, kept locally."""
-        gradients, loss = self._gradients(x, y, seed)
+        gradients, loss, _ = self._gradients(x, y, seed)
         for total, gradient in zip(self.accumulators, [*gradients, loss], strict=True):
             total.assign_add(gradient / self.passes_per_step)
 
@@ -287,7 +290,7 @@ class TensorFlowBackend(Backend):
         tf.timestamp) when the first bucket's gradients, the passes and the exchange were done.
         One graph: Horovod's ops run in it as soon as their inputs are ready, beside the rest,
         so with `overlap` each bucket's allreduce starts once the pass has made its gradients."""
-        gradients, loss = self._gradients(x, y, seed)
+        gradients, loss, reached = self._gradients(x, y, seed)
         if self.accumulators:  # the earlier passes of this step, averaged locally first
             parts = zip(self.accumulators, [*gradients, loss], strict=True)
             *gradients, loss = [total + part / self.passes_per_step for total, part in parts]
@@ -300,18 +303,22 @@ class TensorFlowBackend(Backend):
         with tf.control_dependencies([*gradients, control, first_full]):
             computed = tf.timestamp()
         if overlap:
-            gradients, control = self.exchange.average(gradients, control, buckets)
+            gradients, control = self.exchange.average(gradients, control, buckets, reached)
         else:
             with tf.control_dependencies([computed]):
                 everything = [list(range(len(gradients)))]
-                gradients, control = self.exchange.average(gradients, control, everything)
+                gradients, control = self.exchange.average(gradients, control, everything,
+                                                           reached)  # fmt: skip
         with tf.control_dependencies([*gradients, control]):
             synced = tf.timestamp()
-        norm = self._update(gradients, learning_rate)
+        norm = self._update(gradients, learning_rate, reached)
         return control, norm, first_full if len(buckets) > 1 else computed, computed, synced
 
-    def _update(self, gradients: list[tf.Tensor], learning_rate: tf.Tensor) -> tf.Tensor:
-        """Applies the averaged gradients (clipped, with the L2 term); returns their norm
+    def _update(
+        self, gradients: list[tf.Tensor], learning_rate: tf.Tensor, reached: list[bool]
+    ) -> tf.Tensor:
+        """Applies the averaged gradients (clipped, with the L2 term) to the variables a rank's
+        step `reached`; returns their norm
         before clipping. Under fp16-mixed they arrive scaled, and the optimizer divides them
         back, skipping the update (and lowering the scale) where they overflowed."""
         scale = averaging.loss_scale(self.optimizer)
@@ -321,7 +328,7 @@ class TensorFlowBackend(Backend):
             decayed = zip(gradients, self.exchange.values(variables), self.l2, strict=True)
             gradients = [g + l2 * scale * v if l2 else g for g, v, l2 in decayed]
         self.optimizer.learning_rate.assign(learning_rate)
-        self.exchange.apply(self.optimizer, gradients, variables, norm)
+        self.exchange.apply(self.optimizer, gradients, variables, norm, reached)
         if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
             norm = tf.where(tf.math.is_finite(norm), norm, 0.0)  # a skipped step, not a fault
         return norm
@@ -339,8 +346,9 @@ class TensorFlowBackend(Backend):
                           time.time() - started, 0.0, 0.0)  # fmt: skip
 
     def _local(self, x: tf.Tensor, y: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-        gradients, loss = self._gradients(x, y, seed)
-        self.optimizer.apply_own(gradients, self.model.trainable_variables)
+        gradients, loss, reached = self._gradients(x, y, seed)
+        kept = averaging.reached_only(gradients, reached)
+        self.optimizer.apply_own(kept, self.model.trainable_variables)
         return loss
 
     def input_names(self) -> tuple[str, ...] | None:

@@ -42,6 +42,42 @@ class Cast:
         return tensor if own is None else tf.cast(tensor, own)
 
 
+def dense(gradients: list[Any], variables: list[Any]) -> tuple[list[tf.Tensor], list[bool]]:
+    """The `gradients` of `variables` as dense tensors (an embedding's IndexedSlices made dense,
+    as torch's are: Horovod's sparse_as_dense), zeros for a variable with none (no pass reached
+    it: another rank may have one); and which had one (`reached`)."""
+    reached = [gradient is not None for gradient in gradients]
+    tensors = [zeros_of(v) if g is None else tf.convert_to_tensor(g)
+               for g, v in zip(gradients, variables, strict=True)]  # fmt: skip
+    return tensors, reached
+
+
+def zeros_of(variable: Any) -> tf.Tensor:
+    """Zeros shaped as `variable`, made from its value: a collective must not send a constant,
+    which TensorFlow's graph optimizer would run a Horovod op on before the step, alone."""
+    return tf.zeros(variable.shape, variable.dtype) + tf.reduce_sum(
+        tf.reshape(variable.value, [-1])[:0]
+    )
+
+
+def reached_only(gradients: list[tf.Tensor], reached: list[bool]) -> list[tf.Tensor | None]:
+    """`gradients` with None for the variables no pass reached: Keras's optimizer skips those,
+    as it skips them in a step of one process (no weight decay, no momentum)."""
+    return [g if r else None for g, r in zip(gradients, reached, strict=True)]
+
+
+def agreeing(averaged: tf.Tensor, reached: list[bool]) -> None:
+    """Fails the step where the ranks' `reached` differ (their `averaged` 0/1 flags are not
+    this rank's): which variables a step reaches is fixed when TensorFlow traces it, so a
+    rank cannot learn another's, and updating some variables on some ranks only would part
+    the replicas."""
+    tf.debugging.assert_equal(
+        averaged, tf.cast(reached, averaged.dtype),
+        message="a variable has a gradient on some ranks and none on others (a step whose "
+        "graph differs by rank): make every rank's step reach the same variables",
+    )  # fmt: skip
+
+
 class GroupedExchange:
     """How the gradients of `variables` travel: cast by `compression`, in `buckets` (the order
     the backward pass makes them) or in one group, and clipped to `clip_norm` after averaging.
@@ -64,34 +100,44 @@ class GroupedExchange:
         self.shards: KerasShards | None = None
 
     def average(
-        self, gradients: list[tf.Tensor], control: tf.Tensor | None, groups: list[list[int]]
-    ) -> tuple[list[tf.Tensor], tf.Tensor | None]:
+        self, gradients: list[tf.Tensor], control: tf.Tensor | None, groups: list[list[int]],
+        reached: list[bool],
+    ) -> tuple[list[tf.Tensor], tf.Tensor | None]:  # fmt: skip
         """The gradients averaged over the ranks in one grouped allreduce per group (one
-        negotiation each), the `control` values in the last. Horovod's grouped op takes one
+        negotiation each), the `control` values in the last, and which variables each rank's
+        step `reached` (the ranks must agree: `agreeing`). Horovod's grouped op takes one
         dtype, so under compression the control values, which travel at full precision, take
         an allreduce of their own. Alone, nothing travels. Sharded, each bucket is
         reduce-scattered instead, and this rank's pieces of the averages come back
         (`KerasShards.cut`'s)."""
         if self.world_size == 1:
             return gradients, control
+        # 0/1 per variable, made from a gradient, not a constant (`zeros_of` says why).
+        dtype = tf.float32 if self.shards is not None else gradients[groups[-1][0]].dtype
+        zero = tf.cast(tf.reduce_sum(tf.reshape(gradients[0], [-1])[:0]), dtype)
+        flags = tf.cast(reached, dtype) + zero
         if self.shards is not None:
             if control is not None:
-                control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
+                flags = tf.concat([control, flags], 0)
+            agreed = hvd.allreduce(flags, op=hvd.Average, name="hvd_train.control")
+            agreeing(agreed[-len(reached) :], reached)
+            control = None if control is None else agreed[: -len(reached)]
             return self.shards.scatter(gradients), control
         averaged = list(gradients)
         with_control = control is not None and self.compression.dtype is None
         with tf.name_scope("hvd_train.step"):
             for number, group in enumerate(groups):
                 tensors = [gradients[index] for index in group]
-                last = with_control and number == len(groups) - 1
-                sums = hvd.grouped_allreduce([*tensors, control] if last else tensors,
-                                             op=hvd.Average,
+                if number == len(groups) - 1:
+                    tensors += [flags, control] if with_control else [flags]
+                sums = hvd.grouped_allreduce(tensors, op=hvd.Average,
                                              compression=self.compression)  # fmt: skip
                 for index, tensor in zip(group, sums, strict=False):
                     averaged[index] = tensor
-                if last:
-                    control = sums[-1]
-            if control is not None and not with_control:
+            agreeing(sums[len(groups[-1])], reached)
+            if with_control:
+                control = sums[-1]
+            elif control is not None:
                 control = hvd.allreduce(control, op=hvd.Average, name="hvd_train.control")
         return averaged, control
 
@@ -116,13 +162,14 @@ class GroupedExchange:
         return variables
 
     def apply(self, optimizer: Any, gradients: list[tf.Tensor], variables: list[Any],
-              norm: tf.Tensor) -> Any:  # fmt: skip
+              norm: tf.Tensor, reached: list[bool]) -> Any:  # fmt: skip
         """The optimizer's own update with the averaged (and clipped) `gradients`, of the
-        `variables`, or, sharded, of this rank's pieces, which then reach every rank;
-        `norm`: the gradients' norm, finite where no rank's part overflowed."""
+        `variables` its step `reached` (`reached_only`), or, sharded, of this rank's pieces of
+        them, which then reach every rank; `norm`: the gradients' norm, finite where no rank's
+        part overflowed."""
         if self.shards is None:
-            return optimizer.apply_own(gradients, variables)
-        return self.shards.apply(optimizer, gradients, tf.math.is_finite(norm))
+            return optimizer.apply_own(reached_only(gradients, reached), variables)
+        return self.shards.apply(optimizer, gradients, reached, tf.math.is_finite(norm))
 
 
 def loss_scale(optimizer: keras.optimizers.Optimizer) -> Any:
@@ -145,30 +192,29 @@ class DistributedKerasOptimizer:
     agreed_finite: tf.Tensor | None = None
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
-        # An embedding's gradient comes as IndexedSlices: made dense, it adds up and travels in
-        # the grouped allreduce (Horovod's sparse_as_dense).
-        gradients = [tf.convert_to_tensor(g) for g in grads]
+        gradients, reached = dense(list(grads), list(trainable_variables))
         exchange = self._exchange
         if exchange.passes == 1:
-            return self._averaged_apply(gradients, trainable_variables)
+            return self._averaged_apply(gradients, trainable_variables, reached)
         for total, gradient in zip(exchange.totals, gradients, strict=True):
             total.assign_add(gradient)
         due = exchange.count.assign_add(1) % exchange.passes == 0
 
         def apply_sum() -> tf.Tensor:
             self._averaged_apply([tf.identity(total) for total in exchange.totals],
-                                 trainable_variables)  # fmt: skip
+                                 trainable_variables, reached)  # fmt: skip
             for total in exchange.totals:
                 total.assign(tf.zeros_like(total))
             return tf.constant(True)
 
         return tf.cond(due, apply_sum, lambda: tf.constant(False))
 
-    def _averaged_apply(self, gradients: list[tf.Tensor], trainable_variables: Any) -> Any:
+    def _averaged_apply(self, gradients: list[tf.Tensor], trainable_variables: Any,
+                        reached: list[bool]) -> Any:  # fmt: skip
         exchange = self._exchange
-        averaged, _ = exchange.average(gradients, None, exchange.groups)
+        averaged, _ = exchange.average(gradients, None, exchange.groups, reached)
         clipped, norm = exchange.clipped(averaged, loss_scale(self))
-        return exchange.apply(self, clipped, trainable_variables, norm)
+        return exchange.apply(self, clipped, trainable_variables, norm, reached)
 
     def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> Any:
         """Keras's sum over tf.distribute's replicas, here none (Horovod averaged the

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from hvd_train.distributed.checkpoint_files import Arrays
 from hvd_train.distributed.sharding import Partition, Piece
+from hvd_train.distributed.tensorflow.exchange import reached_only
 from hvd_train.errors import UsageError
 
 # Keras's optimizers whose update of an element reads that element's gradient and state alone
@@ -256,30 +257,39 @@ class KerasShards:
         total = hvd.allreduce(squares, op=hvd.Sum, name="hvd_train.norm")
         return tf.cast(tf.sqrt(total), tf.float32)
 
-    def apply(self, optimizer: Any, gradients: list[tf.Tensor], finite: tf.Tensor) -> None:
-        """Updates what this rank holds with its `gradients` and gives every rank every rank's
-        updated parameters. `finite`: whether the gradients were, on every rank (a
-        LossScaleOptimizer skips, or not, on all ranks alike)."""
+    def apply(self, optimizer: Any, gradients: list[tf.Tensor], reached: list[bool],
+              finite: tf.Tensor) -> None:  # fmt: skip
+        """Updates what this rank holds with its `gradients` of the parameters the step
+        `reached` (`reached_only`) and gives every rank every rank's updated parameters.
+        `finite`: whether the gradients were, on every rank (a LossScaleOptimizer skips, or
+        not, on all ranks alike)."""
         for index in sorted(self.split.intersection(self.pieces)):  # runs: copied in
             piece, variable = self.pieces[index], self.variables[index]
             self.tensors[index].assign(tf.reshape(variable.value, [-1])[piece.start : piece.stop])
         optimizer.agreed_finite = finite
         try:
-            optimizer.apply_own(gradients, self.tensors)
+            optimizer.apply_own(reached_only(gradients, reached), self.tensors)
         finally:
             optimizer.agreed_finite = None
-        self.gather()
+        # A skipped piece's average is read by nothing else, and a graph drops an op whose
+        # result no one reads: its reduce-scatter would go on the other ranks only.
+        self.gather({i: g for i, (g, r) in enumerate(zip(gradients, reached, strict=True))
+                     if not r})  # fmt: skip
 
-    def gather(self) -> None:
+    def gather(self, waiting: dict[int, tf.Tensor] | None = None) -> None:
         """Every rank's parts into every rank's model variables: a grouped allgather of each
         bucket's parameters, each rank sending what it holds of each (all of it, its run, or
         nothing: a stand-in's value, not a constant, as `cut` says). Each parameter arrives
         in a buffer of its own, which its variable may keep (one buffer for the bucket would
         be kept whole by any of them). One bucket at a time: each waits until the one before
-        is in the model, so that no more than one is held twice."""
+        is in the model, so that no more than one is held twice, and for what is `waiting` of
+        its parameters."""
         assigned: list[Any] = []
+        waiting = waiting or {}
         for bucket, indices in enumerate(self.partition.buckets):
-            with tf.control_dependencies(assigned):
+            with tf.control_dependencies(
+                [*assigned, *(waiting[i] for i in indices if i in waiting)]
+            ):
                 sent = [tf.reshape(self.tensors[index].value, [-1]) for index in indices]
             gathered = hvd.grouped_allgather(sent, name=f"hvd_train.weights.{bucket}")
             assigned = []

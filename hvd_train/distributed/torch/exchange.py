@@ -13,9 +13,10 @@ bucket.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import horovod.torch as hvd
@@ -70,7 +71,13 @@ class Bucketed:
     outside `no_sync`), from its hook where the step overlaps; overlap's choice; and the step's
     control values, once averaged. A subclass says what leaves (`_send_bucket`), what arrives
     back (`_average`) and where the gradients live (`clear`, `_claim`). Alone (one rank, not
-    elastic), nothing travels."""
+    elastic), nothing travels.
+
+    It also learns which parameters no pass since the gradients were zeroed reached, on any
+    rank (`unreached`): their gradients travel as zeros, as another rank may have one, and the
+    step then skips them, as plain torch skips a parameter whose .grad is None. How many this
+    rank left out travels with the control values; only where some rank left one out does an
+    allreduce of which follow."""
 
     # Whether the last bucket waits for the step (it carries the control values).
     last_waits = True
@@ -94,6 +101,7 @@ class Bucketed:
         self.choice = OverlapChoice(overlap, len(self.buckets))
         self.holding = False  # in no_sync: gradients arrive without counting
         self.began = time.perf_counter()
+        self.reached = np.zeros(len(parameters), dtype=bool)  # per parameter, since zeroed
         self.stepped()
         for bucket, indices in enumerate(self.buckets):
             for index in indices:
@@ -106,6 +114,7 @@ class Bucketed:
         self.arrived = [0] * len(self.buckets)  # per bucket: its gradients in the step
         self.first_full: float | None = None  # when the last pass filled its first bucket
         self.averaged: np.ndarray | None = None  # the step's control values, once averaged
+        self.unreached: list[int] = []  # the parameters no rank reached, once averaged
 
     def full(self, bucket: int) -> bool:
         """Whether all of `bucket`'s gradients arrived in the step's last pass."""
@@ -116,6 +125,7 @@ class Bucketed:
         step's last pass leaves, where the step overlaps. A pass past the step's last, outside
         `no_sync`, is refused (as Horovod's DistributedOptimizer refuses it): its gradients
         would meet averages that may have left already."""
+        self.reached[index] = True
         self._arrived(index, parameter)
         if self.landed is not None:
             self._collect(0)  # what has arrived goes on at once (its update, sharded)
@@ -170,14 +180,24 @@ class Bucketed:
         self._claim()
         deciding = self.choice.deciding
         values = np.zeros(0) if carry is None else carry
+        values = np.append(values, np.count_nonzero(~self.reached))
         if deciding:
             values = np.concatenate([values, self.choice.last])
         averaged = self._average(values) if self.exchanges else values
         if deciding:
             self.choice.record(started - self.began, time.perf_counter() - started, averaged[-2:])
             averaged = averaged[:-2]
-        self.averaged = averaged
-        return averaged
+        self.unreached = self._unreached_anywhere() if averaged[-1] > 0 else []
+        self.averaged = averaged[:-1]
+        return self.averaged
+
+    def _unreached_anywhere(self) -> list[int]:
+        """The parameters that no rank's passes reached (some rank left one out)."""
+        if not self.exchanges:
+            return np.flatnonzero(~self.reached).tolist()
+        reached = torch.from_numpy(self.reached.astype(np.float64))
+        counts = hvd.allreduce(reached, op=hvd.Sum, name="hvd_train.reached")
+        return np.flatnonzero(counts.numpy() == 0).tolist()
 
 
 class FlatExchange(Bucketed):
@@ -219,6 +239,7 @@ class FlatExchange(Bucketed):
         pass whose gradients were zeroed before a step is not one of the step's)."""
         self.flat.zero_()
         self.arrived = [0] * len(self.buckets)
+        self.reached[:] = False
         for parameter, view in zip(self.parameters, self.views, strict=True):
             if parameter.grad is not view:
                 parameter.grad = view
@@ -269,13 +290,10 @@ class FlatExchange(Bucketed):
                 parameter.grad = view
 
     def _average(self, control: np.ndarray) -> np.ndarray:
-        """Averages the gradients, and `control` with them (nothing more where it is empty):
-        in the buffer's slots, written and read as NumPy on the CPU (no torch op to dispatch),
-        else in an allreduce of their own."""
+        """Averages the gradients, and `control` with them: in the buffer's slots, written and
+        read as NumPy on the CPU (no torch op to dispatch), else in an allreduce of their own."""
         control_handle = None
-        if not len(control):
-            pass
-        elif self.carries_control:
+        if self.carries_control:
             assert len(control) <= CONTROL_SLOTS, "more control values than CONTROL_SLOTS"
             self._write_control(control)
         else:
@@ -292,8 +310,6 @@ class FlatExchange(Bucketed):
             # A wait that fails (a rank lost, under the elastic driver) must not leave its
             # handles to the step after the reset, which would wait on them again.
             self.sent = []
-        if not len(control):
-            return control
         if control_handle is not None:
             return hvd.synchronize(control_handle).numpy()
         return self._read_control(len(control))
@@ -320,8 +336,10 @@ class Stepping:
     fp16 loss scale) and an element-wise optimizer, each bucket's pieces are updated as soon as
     its averages arrive (`early`), during the backward pass, and are on their way to every rank
     while the pass goes on: where buckets leave within the pass, the optimizer's settings (its
-    learning rate) must be set before it, which the step checks. Inside `no_sync` (DDP's), the
-    step updates with this rank's own gradients, averaging nothing."""
+    learning rate) must be set before it, which the step checks; a bucket that may hold a
+    parameter no rank reached waits for the step, which skips such parameters (`unreached`).
+    Inside `no_sync` (DDP's), the step updates with this rank's own gradients, averaging
+    nothing, and skips what this rank did not reach."""
 
     def __init__(self, exchange: Bucketed, scaler: torch.amp.GradScaler | None,
                  clip_norm: float, shards: Any = None) -> None:  # fmt: skip
@@ -332,6 +350,7 @@ class Stepping:
         self.optimizer_step: Callable[[], Any] | None = None  # its own step (`distribute`)
         # The optimizer's settings as the step's first bucket left in its backward pass.
         self.settings: list[dict[str, Any]] | None = None
+        self.deferred: list[int] = []  # buckets landed early, to update in the step
         if self.early:
             exchange.leaving, exchange.landed = self._leaving, self._landed
         # Whether each step checks that the averaged gradients are finite (a recipe's step reports
@@ -353,9 +372,32 @@ class Stepping:
             self.settings = settings(self.shards.optimizer)
 
     def _landed(self, bucket: int) -> None:
-        """`bucket`'s averages are in: its pieces updated at once (`early`)."""
+        """`bucket`'s averages are in: its pieces updated at once (`early`), unless this rank
+        left one of its parameters without a gradient, which no rank may have reached: then
+        in the step, once the ranks agree (`update`)."""
         assert self.optimizer_step is not None, "distribute sets it"
+        if not self.exchange.full(bucket):
+            self.deferred.append(bucket)
+            return
         self.shards.update(bucket, self.optimizer_step)
+
+    @contextlib.contextmanager
+    def _skipping(self, unreached: list[int]) -> Iterator[None]:
+        """The `unreached` parameters (their pieces, sharded) without a .grad meanwhile: the
+        optimizer's step skips them, as plain torch does (no weight decay, no momentum)."""
+        shards = self.shards
+        if shards is None:
+            held = [self.exchange.parameters[index] for index in unreached]
+        else:
+            held = [shards.tensors[index] for index in unreached if index in shards.tensors]
+        grads = [tensor.grad for tensor in held]
+        for tensor in held:
+            tensor.grad = None
+        try:
+            yield
+        finally:
+            for tensor, grad in zip(held, grads, strict=True):
+                tensor.grad = grad
 
     def update(self, optimizer: torch.optim.Optimizer, own_step: Callable[[], Any]) -> None:
         if self.scaler is not None and not self.scaled:
@@ -363,10 +405,14 @@ class Stepping:
                 "under fp16-mixed the loss is scaled before its backward pass: call "
                 "dist.backward(loss) instead of loss.backward()"
             )
-        shards = self.shards
-        if not self.exchange.holding:
-            self.exchange.synchronize()
-        elif shards is not None:
+        shards, exchange = self.shards, self.exchange
+        self.deferred = []  # what this step's exchange defers (`_landed`)
+        if not exchange.holding:
+            exchange.synchronize()
+            unreached = exchange.unreached
+        elif shards is None:
+            unreached = np.flatnonzero(~exchange.reached).tolist()
+        else:
             raise UsageError(
                 "optimizer.step() inside no_sync() updates with this rank's own gradients, and "
                 "sharded, each rank holds its part of the state only: step outside no_sync()",
@@ -391,20 +437,23 @@ class Stepping:
         self.inside = True
         changed = None
         try:
-            if self.early:  # every bucket was updated as its averages arrived
-                if self.settings is not None:  # some within the backward pass
-                    changed = changed_setting(self.settings, settings(optimizer))
-            elif self.scaler is None:
-                own_step()
-            else:  # the same averaged gradients on every rank: all skip an overflow alike
-                self.scaler.step(optimizer)
-                self.scaler.update()
-                if norm is not None and not norm.isfinite():
-                    norm = torch.zeros(())  # a skipped step, not a fault
+            with self._skipping(unreached):
+                if self.early:  # every bucket updated as its averages arrived, or deferred
+                    for bucket in self.deferred:
+                        shards.update(bucket, own_step)
+                    if self.settings is not None:  # some within the backward pass
+                        changed = changed_setting(self.settings, settings(optimizer))
+                elif self.scaler is None:
+                    own_step()
+                else:  # the same averaged gradients on every rank: all skip an overflow alike
+                    self.scaler.step(optimizer)
+                    self.scaler.update()
+                    if norm is not None and not norm.isfinite():
+                        norm = torch.zeros(())  # a skipped step, not a fault
         finally:
             self.inside = self.scaled = False
             self.settings = None
-            self.exchange.stepped()
+            exchange.stepped()
         if shards is not None:
             shards.gather()
         self.norm = norm

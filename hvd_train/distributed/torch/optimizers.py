@@ -174,15 +174,16 @@ class OptimizerState:
             self.scaler.load_state_dict(self.scaler.state_dict() | scaler)
 
     def check(self, state: Arrays) -> Entries:
-        """`state`'s entries per parameter; a ValueError unless it holds state for every
-        parameter (or none), shaped like it, and settings for every group (or none)."""
+        """`state`'s entries per parameter; a ValueError unless each is of one of the model's
+        parameters (a parameter no step reached has none, as in torch's own), shaped like it,
+        and it holds settings for every group (or none)."""
         groups = {name.split(".")[1] for name in state if name.startswith(GROUP)}
         if groups and len(groups) != len(self.optimizer.param_groups):
             raise ValueError(f"settings for {len(groups)} parameter groups, the optimizer has "
                              f"{len(self.optimizer.param_groups)}")  # fmt: skip
         entries = per_parameter(state)
-        if entries and sorted(entries) != list(range(self.count)):
-            raise ValueError(f"state for {len(entries)} parameters, the model has {self.count}")
+        if entries and max(entries) >= self.count:
+            raise ValueError(f"state for parameter {max(entries) + 1}, the model has {self.count}")
         for index, values in entries.items():
             for key, tensor in values.items():  # per-parameter tensors, and scalars ("step")
                 if tensor.dim() and tuple(tensor.shape) != self.shapes[index]:
@@ -192,7 +193,7 @@ class OptimizerState:
         return entries
 
     def load(self, state: Arrays) -> None:
-        """Restores `state`, which must hold state for every parameter, shaped like it."""
+        """Restores `state` (checked: `check`)."""
         entries = self.check(state)
         self.load_scaler(state)
         current = self.optimizer.state_dict()

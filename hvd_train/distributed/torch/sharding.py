@@ -240,6 +240,7 @@ class ScatteringExchange(Bucketed):
     def clear(self) -> None:
         for parameter in self.parameters:
             parameter.grad = None
+        self.reached[:] = False
         self.unsent = set(range(len(self.buckets)))
         self.began = time.perf_counter()
 
@@ -288,7 +289,7 @@ class ScatteringExchange(Bucketed):
         self.sent = kept
 
     def _average(self, control: np.ndarray) -> np.ndarray:
-        control_handle = average_async(control) if len(control) else None
+        control_handle = average_async(control)
         for bucket in sorted(self.unsent):
             self._send_bucket(bucket)
         try:
@@ -296,8 +297,6 @@ class ScatteringExchange(Bucketed):
         finally:
             # A wait that fails must not leave its handles to a later step.
             self.sent = []
-        if control_handle is None:
-            return control
         return hvd.synchronize(control_handle).numpy()
 
 
