@@ -9,7 +9,11 @@ or fails.
 - the Keras `DistributedOptimizer` through `model.fit`: the same, and the replicas agree;
 - `load_model`: the model saved after that, with a DistributedOptimizer holding its state,
   trains on as one process;
-- `SyncBatchNormalization`: a rank's half of a batch normalized as the whole batch.
+- `SyncBatchNormalization`: a rank's half of a batch normalized as the whole batch;
+- `BroadcastGlobalVariablesCallback(local_variables=...)`: a Keras 3 variable kept local keeps
+  each rank's own value, the others take rank 0's;
+- `elastic.TensorFlowKerasState`: a reset callback sets a plain Keras 3 optimizer's rate through
+  Keras 2's `lr`, as Horovod's elastic examples do.
 """
 
 import tempfile
@@ -56,7 +60,9 @@ def step(model: keras.Model, inputs: np.ndarray, targets: np.ndarray, distribute
 
 
 model = build(seed=rank)
-assert rank == 0 or not same(model, build(seed=0)), "the ranks started alike"
+# Every rank builds as many models, so that their variables' names (which name Horovod's
+# broadcasts in a traced function) agree.
+assert (rank == 0) == same(model, build(seed=0)), "the ranks started alike"
 hvd.broadcast_variables(model.variables, root_rank=0)
 reference = build(seed=0)
 assert same(model, reference), "broadcast_variables left this rank's own weights"
@@ -98,4 +104,24 @@ synced, whole = hvd.SyncBatchNormalization(), keras.layers.BatchNormalization()
 mine_out, whole_out = synced(x[mine], training=True), whole(x, training=True)
 assert np.allclose(mine_out, np.asarray(whole_out)[mine], atol=1e-5), "SyncBatchNormalization"
 assert np.allclose(synced.moving_variance, whole.moving_variance, atol=1e-6), "its moving variance"
+# BroadcastGlobalVariablesCallback (patch 20) takes Keras 3 variables to keep local: after the
+# first batch (a step at rate 0), the kernel is rank 0's, the bias this rank's own.
+apart, first = build(seed=rank), build(seed=0)
+bias = apart.layers[0].bias.numpy()
+local = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(
+    0, local_variables=[apart.layers[0].bias]
+)
+apart.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+apart.fit(x[mine], y[mine], batch_size=4, epochs=1, verbose=0, callbacks=[local])
+assert np.array_equal(apart.layers[0].kernel.numpy(), first.layers[0].kernel.numpy()), "kernel"
+assert np.array_equal(apart.layers[0].bias.numpy(), bias), "the local bias was broadcast"
+
+# The elastic Keras state (patch 20): a reset callback assigns the rate of a plain Keras 3
+# optimizer through Keras 2's `lr`.
+plain = keras.optimizers.Adam(0.001)
+plain.build(apart.trainable_variables)
+state = hvd.elastic.TensorFlowKerasState(apart, plain, batch=0)
+state.register_reset_callbacks([lambda: plain.lr.assign(0.002)])
+state.on_reset()
+assert np.isclose(float(plain.learning_rate.numpy()), 0.002), "the reset left the rate"
 print("OK", flush=True)
