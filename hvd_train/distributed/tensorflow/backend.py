@@ -317,10 +317,10 @@ class TensorFlowBackend(Backend):
     def _update(
         self, gradients: list[tf.Tensor], learning_rate: tf.Tensor, reached: list[bool]
     ) -> tf.Tensor:
-        """Applies the averaged gradients (clipped, with the L2 term) to the variables a rank's
-        step `reached`; returns their norm
-        before clipping. Under fp16-mixed they arrive scaled, and the optimizer divides them
-        back, skipping the update (and lowering the scale) where they overflowed."""
+        """Applies the averaged gradients (clipped, with the L2 term) to the variables the
+        step `reached`; returns their norm before clipping. Under fp16-mixed they arrive
+        scaled, and the optimizer divides them back, skipping the update (and lowering the
+        scale) where they overflowed."""
         scale = averaging.loss_scale(self.optimizer)
         gradients, norm = self.exchange.clipped(gradients, scale)
         variables = self.model.trainable_variables

@@ -192,6 +192,8 @@ class DistributedKerasOptimizer:
     agreed_finite: tf.Tensor | None = None
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        if trainable_variables is None:  # Keras's apply takes those it was built over
+            trainable_variables = self._trainable_variables  # type: ignore[attr-defined]
         gradients, reached = dense(list(grads), list(trainable_variables))
         exchange = self._exchange
         if exchange.passes == 1:

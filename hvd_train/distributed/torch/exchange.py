@@ -115,6 +115,7 @@ class Bucketed:
         self.first_full: float | None = None  # when the last pass filled its first bucket
         self.averaged: np.ndarray | None = None  # the step's control values, once averaged
         self.unreached: list[int] = []  # the parameters no rank reached, once averaged
+        self.deferred: list[int] = []  # buckets landed early, to update in the step (`landed`)
 
     def full(self, bucket: int) -> bool:
         """Whether all of `bucket`'s gradients arrived in the step's last pass."""
@@ -177,6 +178,7 @@ class Bucketed:
         if self.averaged is not None:
             return self.averaged
         started = time.perf_counter()
+        self.deferred = []  # none kept from a step whose exchange failed
         self._claim()
         deciding = self.choice.deciding
         values = np.zeros(0) if carry is None else carry
@@ -350,7 +352,6 @@ class Stepping:
         self.optimizer_step: Callable[[], Any] | None = None  # its own step (`distribute`)
         # The optimizer's settings as the step's first bucket left in its backward pass.
         self.settings: list[dict[str, Any]] | None = None
-        self.deferred: list[int] = []  # buckets landed early, to update in the step
         if self.early:
             exchange.leaving, exchange.landed = self._leaving, self._landed
         # Whether each step checks that the averaged gradients are finite (a recipe's step reports
@@ -377,7 +378,7 @@ class Stepping:
         in the step, once the ranks agree (`update`)."""
         assert self.optimizer_step is not None, "distribute sets it"
         if not self.exchange.full(bucket):
-            self.deferred.append(bucket)
+            self.exchange.deferred.append(bucket)
             return
         self.shards.update(bucket, self.optimizer_step)
 
@@ -406,7 +407,6 @@ class Stepping:
                 "dist.backward(loss) instead of loss.backward()"
             )
         shards, exchange = self.shards, self.exchange
-        self.deferred = []  # what this step's exchange defers (`_landed`)
         if not exchange.holding:
             exchange.synchronize()
             unreached = exchange.unreached
@@ -439,7 +439,7 @@ class Stepping:
         try:
             with self._skipping(unreached):
                 if self.early:  # every bucket updated as its averages arrived, or deferred
-                    for bucket in self.deferred:
+                    for bucket in exchange.deferred:
                         shards.update(bucket, own_step)
                     if self.settings is not None:  # some within the backward pass
                         changed = changed_setting(self.settings, settings(optimizer))
