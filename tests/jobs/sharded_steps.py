@@ -72,8 +72,8 @@ RELOADED = "adamw"
 NEXT = {"none": "optimizer", "optimizer": "gradients", "gradients": "none"}
 
 
-# Every model also holds a parameter no step reaches (a head left out of the forward pass),
-# all UNUSED: plain torch and Keras skip it, so it keeps its value (no weight decay).
+# Every model also holds a parameter that no step reaches (a head left out of the forward
+# pass), each of its elements UNUSED: plain torch and Keras skip it, so it keeps that value.
 UNUSED = 0.5
 
 
