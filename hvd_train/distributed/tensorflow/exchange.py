@@ -47,17 +47,17 @@ def dense(gradients: list[Any], variables: list[Any]) -> tuple[list[tf.Tensor], 
     as torch's are: Horovod's sparse_as_dense), zeros for a variable with none (no pass reached
     it: another rank may have one); and which had one (`reached`)."""
     reached = [gradient is not None for gradient in gradients]
-    tensors = [zeros_of(v) if g is None else tf.convert_to_tensor(g)
+    tensors = [zeros_from(v.value, v.shape) if g is None else tf.convert_to_tensor(g)
                for g, v in zip(gradients, variables, strict=True)]  # fmt: skip
     return tensors, reached
 
 
-def zeros_of(variable: Any) -> tf.Tensor:
-    """Zeros shaped as `variable`, made from its value: a collective must not send a constant,
-    which TensorFlow's graph optimizer would run a Horovod op on before the step, alone."""
-    return tf.zeros(variable.shape, variable.dtype) + tf.reduce_sum(
-        tf.reshape(variable.value, [-1])[:0]
-    )
+def zeros_from(tensor: tf.Tensor, shape: Any) -> tf.Tensor:
+    """Zeros of `shape` in `tensor`'s dtype, made from `tensor` (so, not a constant: a
+    collective must not send one, which TensorFlow's graph optimizer would run a Horovod op on
+    before the step, alone), keeping none of it (an empty slice would share its buffer, and
+    keep it until the slice is let go)."""
+    return tf.zeros(shape, tensor.dtype) + tf.reduce_sum(tf.reshape(tensor, [-1])[:0])
 
 
 def reached_only(gradients: list[tf.Tensor], reached: list[bool]) -> list[tf.Tensor | None]:
@@ -112,10 +112,9 @@ class GroupedExchange:
         (`KerasShards.cut`'s)."""
         if self.world_size == 1:
             return gradients, control
-        # 0/1 per variable, made from a gradient, not a constant (`zeros_of` says why).
+        # 0/1 per variable, made from a gradient, not a constant (`zeros_from`).
         dtype = tf.float32 if self.shards is not None else gradients[groups[-1][0]].dtype
-        zero = tf.cast(tf.reduce_sum(tf.reshape(gradients[0], [-1])[:0]), dtype)
-        flags = tf.cast(reached, dtype) + zero
+        flags = tf.cast(reached, dtype) + tf.cast(zeros_from(gradients[0], [len(reached)]), dtype)
         if self.shards is not None:
             if control is not None:
                 flags = tf.concat([control, flags], 0)

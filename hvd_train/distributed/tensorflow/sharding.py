@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from hvd_train.distributed.checkpoint_files import Arrays
 from hvd_train.distributed.sharding import Partition, Piece
-from hvd_train.distributed.tensorflow.exchange import reached_only
+from hvd_train.distributed.tensorflow.exchange import reached_only, zeros_from
 from hvd_train.errors import UsageError
 
 # Keras's optimizers whose update of an element reads that element's gradient and state alone
@@ -65,12 +65,6 @@ def _hold_back(gradients: list[tf.Tensor], sent: tf.Tensor, upstream: set[Any]) 
         made = gradient.op
         if made not in seen and made.graph is sending.graph:
             made._add_control_input(sending)
-
-
-def _nothing_of(tensor: tf.Tensor, shape: list[int]) -> tf.Tensor:
-    """An empty tensor of `shape` made from `tensor` (so, not a constant), keeping none of it:
-    an empty slice would share its buffer, and keep it until the slice is let go."""
-    return tf.zeros(shape, tensor.dtype) + tf.reduce_sum(tf.reshape(tensor, [-1])[:0])
 
 
 def innermost(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
@@ -153,7 +147,7 @@ class KerasShards:
         for index, tensor in enumerate(tensors):
             piece = self.pieces.get(index)
             if piece is None:
-                cut.append(_nothing_of(tensor, self._empty(index)))
+                cut.append(zeros_from(tensor, self._empty(index)))
             elif index in self.split:
                 cut.append(tf.reshape(tensor, [-1])[piece.start : piece.stop])
             else:
@@ -233,7 +227,7 @@ class KerasShards:
                 )
             if not self.held[bucket]:  # a stand-in from what came, or the graph drops the op
                 first = indices[0]
-                pieces[first] = _nothing_of(received, self._empty(first))
+                pieces[first] = zeros_from(received, self._empty(first))
         return pieces
 
     def _parts(self, bucket: int, gradients: list[tf.Tensor]) -> list[tf.Tensor]:
